@@ -1,0 +1,226 @@
+"""CompositionalVideoDiT: a video diffusion transformer with two droppable conditions.
+
+One self-contained file. The model predicts the flow-matching velocity ``v = noise - x0``
+of a latent video from
+
+- the noisy latents ``(B, C, T, H, W)`` and the timestep ``(B,)`` (sigma * 1000),
+- the ACTION trajectory ``(B, T_pix, A)`` (normalized): every latent frame's tokens are
+  modulated (AdaLN-Zero) by the embedding of that frame's own action(s), so frame t is
+  tied to action t and nothing else,
+- the SIM video latents ``(B, Cs, T, H, W)``: concatenated on channels with a presence
+  mask channel (1 = sim given). Extra control channels (seg, depth) simply ride along in Cs.
+
+Each condition can be dropped per sample (``action_keep`` / ``sim_keep`` False): a
+dropped action is replaced by a learned null embedding, a dropped sim video by zeros,
+mask 0 and a learned null bias on the tokens. Training drops them independently so the
+sampler can compose the unconditional, action-only and sim-only predictions.
+
+Tokens: patches of (pt, ph, pw) latent voxels, full spatio-temporal self-attention with
+3D rotary position embeddings (time, height, width each own a slice of every head).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.attention import FeedForward
+from diffusers.models.attention_processor import Attention
+from diffusers.models.embeddings import TimestepEmbedding, Timesteps, apply_rotary_emb, get_1d_rotary_pos_embed
+from diffusers.models.modeling_utils import ModelMixin
+from einops import rearrange
+
+
+def action_frames_for(latent_frames: int, actions_per_latent_frame: int, causal_first_frame: bool) -> int:
+    """Number of pixel-rate actions that ``latent_frames`` latent frames stand for."""
+    k = actions_per_latent_frame
+    return 1 + (latent_frames - 1) * k if causal_first_frame else latent_frames * k
+
+
+def rope_3d(grid: tuple[int, int, int], head_dim: int, theta: float = 10000.0, device=None):
+    """cos, sin of shape (T*H*W, head_dim) for a (T, H, W) token grid; time gets the remainder."""
+    d_hw = 2 * (head_dim // 6)
+    d_t = head_dim - 2 * d_hw
+    T, H, W = grid
+    parts = []
+    for d, n in ((d_t, T), (d_hw, H), (d_hw, W)):
+        parts.append(get_1d_rotary_pos_embed(d, torch.arange(n, dtype=torch.float32), theta, use_real=True))
+    (ct, st), (ch, sh), (cw, sw) = parts
+
+    def grid3(a, b, c):  # (T,dt) (H,dh) (W,dw) -> (T*H*W, dt+dh+dw)
+        a = a[:, None, None].expand(T, H, W, -1)
+        b = b[None, :, None].expand(T, H, W, -1)
+        c = c[None, None, :].expand(T, H, W, -1)
+        return torch.cat([a, b, c], dim=-1).reshape(T * H * W, -1)
+
+    return grid3(ct, ch, cw).to(device), grid3(st, sh, sw).to(device)
+
+
+class RoPEAttnProcessor:
+    """Self-attention with rotary embeddings on q and k (diffusers ``Attention`` processor)."""
+
+    def __call__(self, attn: Attention, hidden_states, encoder_hidden_states=None, attention_mask=None, rope=None):
+        B, N, _ = hidden_states.shape
+        q, k, v = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        q, k, v = (x.view(B, N, attn.heads, -1).transpose(1, 2) for x in (q, k, v))
+        if attn.norm_q is not None:
+            q, k = attn.norm_q(q), attn.norm_k(k)
+        if rope is not None:
+            q, k = apply_rotary_emb(q, rope), apply_rotary_emb(k, rope)
+        out = F.scaled_dot_product_attention(q, k, v)
+        out = out.transpose(1, 2).reshape(B, N, -1).to(q.dtype)
+        return attn.to_out[1](attn.to_out[0](out))
+
+
+class DiTBlock(nn.Module):
+    """Pre-norm attention + MLP, both AdaLN-Zero modulated by a per-token-time condition."""
+
+    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(dim, heads=heads, dim_head=dim // heads, qk_norm="rms_norm", eps=1e-6,
+                              bias=True, processor=RoPEAttnProcessor())
+        self.norm2 = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ff = FeedForward(dim, mult=mlp_ratio, activation_fn="gelu-approximate")
+        self.ada = nn.Linear(dim, 6 * dim)
+        nn.init.zeros_(self.ada.weight)
+        nn.init.zeros_(self.ada.bias)
+
+    def forward(self, x, cond, rope, tokens_per_time: int):
+        # x (B, Tt*S, D); cond (B, Tt, D): each token-time row modulates its own S spatial tokens.
+        B, N, D = x.shape
+        mod = self.ada(F.silu(cond)).repeat_interleave(tokens_per_time, dim=1)  # (B, N, 6D)
+        shift1, scale1, gate1, shift2, scale2, gate2 = mod.chunk(6, dim=-1)
+        h = self.norm1(x) * (1 + scale1) + shift1
+        x = x + gate1 * self.attn(h, rope=rope)
+        h = self.norm2(x) * (1 + scale2) + shift2
+        return x + gate2 * self.ff(h)
+
+
+class CompositionalVideoDiT(ModelMixin, ConfigMixin):
+    """Video DiT conditioned on per-frame actions (AdaLN) and a sim video (channel concat).
+
+    Args:
+        in_channels: latent channels C of the video being generated (3 for the pixel codec).
+        sim_channels: channels Cs of the sim condition (sim latents + optional control channels).
+        action_dim: A, the action vector size (8 for the Panda: 7 joints + gripper).
+        num_frames, sample_size: the latent window (T, (H, W)) the model is trained on.
+        patch_size: (pt, ph, pw) latent voxels per token.
+        dim, depth, heads, mlp_ratio: transformer size.
+        actions_per_latent_frame: pixel frames per latent frame (a video VAE's temporal factor).
+        causal_first_frame: the first latent frame stands for ONE pixel frame (Wan-style 1+4k).
+    """
+
+    _supports_gradient_checkpointing = True
+
+    @register_to_config
+    def __init__(
+        self,
+        in_channels: int = 3,
+        sim_channels: int = 3,
+        action_dim: int = 8,
+        num_frames: int = 8,
+        sample_size: tuple[int, int] = (32, 32),
+        patch_size: tuple[int, int, int] = (1, 4, 4),
+        dim: int = 128,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_ratio: float = 4.0,
+        actions_per_latent_frame: int = 1,
+        causal_first_frame: bool = False,
+        rope_theta: float = 10000.0,
+    ):
+        super().__init__()
+        pt, ph, pw = patch_size
+        if dim % heads or (dim // heads) % 2 or dim // heads < 8:
+            raise ValueError(f"dim={dim} must split into {heads} heads of an even size >= 8")
+        if num_frames % pt or sample_size[0] % ph or sample_size[1] % pw:
+            raise ValueError(f"num_frames x sample_size = {num_frames} x {tuple(sample_size)} must be divisible "
+                             f"by patch_size={tuple(patch_size)}")
+        self.gradient_checkpointing = False
+        patch_in = (in_channels + sim_channels + 1) * pt * ph * pw  # +1: sim presence mask
+        self.patch_embed = nn.Linear(patch_in, dim)
+        self.sim_null = nn.Parameter(torch.zeros(dim))  # added to tokens whose sim was dropped
+
+        self.time_proj = Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)
+        self.time_embed = TimestepEmbedding(256, dim)
+        # one token-time covers pt latent frames = pt * k pixel-rate actions (causal: padded in front)
+        self.actions_per_token = pt * actions_per_latent_frame
+        self.action_embed = TimestepEmbedding(self.actions_per_token * action_dim, dim)  # Linear-SiLU-Linear
+        self.action_null = nn.Parameter(torch.randn(dim) * 0.02)
+
+        self.blocks = nn.ModuleList([DiTBlock(dim, heads, mlp_ratio) for _ in range(depth)])
+        self.norm_out = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
+        self.ada_out = nn.Linear(dim, 2 * dim)
+        self.proj_out = nn.Linear(dim, in_channels * pt * ph * pw)
+        for lin in (self.ada_out, self.proj_out):
+            nn.init.zeros_(lin.weight)
+            nn.init.zeros_(lin.bias)
+        self._rope_cache: dict = {}
+
+    # -- helpers ---------------------------------------------------------------------------
+    def expected_action_frames(self, latent_frames: int) -> int:
+        c = self.config
+        return action_frames_for(latent_frames, c.actions_per_latent_frame, c.causal_first_frame)
+
+    def _rope(self, grid, device):
+        key = (grid, str(device))
+        if key not in self._rope_cache:
+            self._rope_cache[key] = rope_3d(grid, self.config.dim // self.config.heads, self.config.rope_theta, device)
+        return self._rope_cache[key]
+
+    def _action_tokens(self, actions, latent_frames):
+        """(B, T_pix, A) -> (B, T_tokens, D): one embedding per token-time from its own actions."""
+        c = self.config
+        if c.causal_first_frame and c.actions_per_latent_frame > 1:  # first latent frame <- one action
+            pad = actions[:, :1].expand(-1, c.actions_per_latent_frame - 1, -1)
+            actions = torch.cat([pad, actions], dim=1)
+        grouped = rearrange(actions, "b (t g) a -> b t (g a)", g=self.actions_per_token)
+        return self.action_embed(grouped)
+
+    # -- forward ---------------------------------------------------------------------------
+    def forward(self, noisy_latents, timestep, actions, sim_latents, action_keep=None, sim_keep=None):
+        c = self.config
+        B, C, T, H, W = noisy_latents.shape
+        pt, ph, pw = c.patch_size
+        if C != c.in_channels or sim_latents.shape[1] != c.sim_channels:
+            raise ValueError(f"expected {c.in_channels} latent and {c.sim_channels} sim channels, got "
+                             f"{C} and {sim_latents.shape[1]}")
+        if sim_latents.shape[2:] != noisy_latents.shape[2:]:
+            raise ValueError(f"sim_latents {tuple(sim_latents.shape)} must match noisy_latents {tuple(noisy_latents.shape)} in T, H, W")
+        if T % pt or H % ph or W % pw:
+            raise ValueError(f"latent size {T}x{H}x{W} is not divisible by patch_size={tuple(c.patch_size)}")
+        n_act = self.expected_action_frames(T)
+        if actions.shape[0] != B or actions.shape[1] != n_act or actions.shape[2] != c.action_dim:
+            raise ValueError(f"actions must be (B={B}, {n_act}, action_dim={c.action_dim}) for {T} latent frames, "
+                             f"got {tuple(actions.shape)}")
+        ones = torch.ones(B, dtype=torch.bool, device=noisy_latents.device)
+        action_keep = ones if action_keep is None else action_keep.to(noisy_latents.device).bool()
+        sim_keep = ones if sim_keep is None else sim_keep.to(noisy_latents.device).bool()
+        dtype = self.patch_embed.weight.dtype
+
+        # sim condition: zeros + mask 0 when dropped; channel concat with the noisy latents
+        sk = sim_keep.view(B, 1, 1, 1, 1).to(noisy_latents.dtype)
+        mask = sk.expand(B, 1, T, H, W)
+        x = torch.cat([noisy_latents, sim_latents * sk, mask], dim=1).to(dtype)
+        x = rearrange(x, "b c (t pt) (h ph) (w pw) -> b (t h w) (c pt ph pw)", pt=pt, ph=ph, pw=pw)
+        x = self.patch_embed(x) + (~sim_keep).view(B, 1, 1).to(dtype) * self.sim_null
+        Tt, Ht, Wt = T // pt, H // ph, W // pw
+
+        # conditioning per token-time: timestep (shared) + this frame's action (or the null)
+        temb = self.time_embed(self.time_proj(timestep.to(noisy_latents.device).float()).to(dtype))  # (B, D)
+        aemb = self._action_tokens(actions.to(dtype), T)  # (B, Tt, D)
+        aemb = torch.where(action_keep.view(B, 1, 1), aemb, self.action_null.to(dtype).expand_as(aemb))
+        cond = temb[:, None] + aemb
+
+        rope = self._rope((Tt, Ht, Wt), x.device)
+        for block in self.blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                x = self._gradient_checkpointing_func(block, x, cond, rope, Ht * Wt)
+            else:
+                x = block(x, cond, rope, Ht * Wt)
+
+        shift, scale = self.ada_out(F.silu(cond)).repeat_interleave(Ht * Wt, dim=1).chunk(2, dim=-1)
+        x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
+        return rearrange(x, "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
+                         t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)

@@ -1,0 +1,270 @@
+"""TranslatorPipeline: sim video + actions -> pseudo-real video.
+
+A folder written by ``save_pretrained`` holds everything needed to sample offline:
+
+    translator.json        camera, window (num_frames, resolution), action_dim, controls, provenance
+    transformer/           CompositionalVideoDiT (config.json + safetensors)
+    scheduler/             FlowMatchEulerDiscreteScheduler config (sigmas of the Euler loop)
+    codec.json (+ vae/)    the codec; a VAE's weights are copied in
+    action_stats.json      action normalization (raw actions in, normalized inside)
+
+Sampling integrates the flow ODE dx/dsigma = v from sigma=1 (noise) to 0 with Euler steps,
+v composed from the unconditional, action-only and sim-only predictions (guidance.py).
+Episodes longer than the window are generated in overlapping windows: each new window's
+overlap frames are pinned to the previous result, re-noised with the same noise at every
+step, and the overlap is cross-faded linearly, so no seam shows.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from comsim.translator.codec import load_codec
+from comsim.translator.data import ActionNormalizer, encode_condition, tensor_to_video, video_to_tensor
+from comsim.translator.guidance import guided_velocity
+from comsim.translator.model import CompositionalVideoDiT
+
+
+class TranslatorMismatchError(ValueError):
+    """A checkpoint or an input does not fit what the model was built for."""
+
+
+class TranslatorPipeline:
+    def __init__(self, transformer: CompositionalVideoDiT, codec, scheduler: FlowMatchEulerDiscreteScheduler,
+                 normalizer: ActionNormalizer, camera: str = "front", num_frames: int = 8,
+                 resolution: tuple[int, int] = (32, 32), controls: tuple[str, ...] = (), fps: float = 10.0,
+                 provenance: dict | None = None):
+        self.transformer, self.codec, self.scheduler, self.normalizer = transformer, codec, scheduler, normalizer
+        self.camera, self.num_frames, self.resolution = camera, int(num_frames), tuple(resolution)
+        self.controls, self.fps, self.provenance = tuple(controls), fps, dict(provenance or {})
+        self._check_consistency()
+
+    # -- consistency -----------------------------------------------------------------------
+    def info(self) -> dict:
+        return {"camera": self.camera, "num_frames": self.num_frames, "resolution": list(self.resolution),
+                "controls": list(self.controls), "action_dim": self.normalizer.dim, "fps": self.fps,
+                "provenance": self.provenance}
+
+    def _check_consistency(self):
+        mc = self.transformer.config
+        t, h, w = self.codec.latent_size(self.num_frames, *self.resolution)
+        want = {"in_channels": self.codec.latent_channels,
+                "sim_channels": self.codec.latent_channels + 3 * len(self.controls),
+                "action_dim": self.normalizer.dim, "num_frames": t, "sample_size": (h, w),
+                "actions_per_latent_frame": self.codec.temporal_factor,
+                "causal_first_frame": bool(self.codec.causal_first_frame)}
+        for key, value in want.items():
+            got = tuple(mc[key]) if isinstance(mc[key], (list, tuple)) else mc[key]
+            if got != value:
+                raise TranslatorMismatchError(
+                    f"transformer.{key}={got} but the codec/window/action stats need {value} "
+                    f"(num_frames={self.num_frames}, resolution={self.resolution}, codec={self.codec.config()})")
+
+    # -- save / load -----------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path) -> Path:
+        """Write the folder atomically (to ``<dir>.tmp``, then rename)."""
+        directory = Path(directory)
+        tmp = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.transformer.save_pretrained(tmp / "transformer", safe_serialization=True)
+        self.scheduler.save_pretrained(tmp / "scheduler")
+        self.codec.save_pretrained(tmp)
+        (tmp / "action_stats.json").write_text(json.dumps(self.normalizer.to_dict(), indent=2))
+        (tmp / "translator.json").write_text(json.dumps(self.info(), indent=2, default=str))
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
+        return directory
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, device: str | torch.device = "cpu",
+                        expect: dict | None = None) -> "TranslatorPipeline":
+        """Load a saved pipeline. ``expect`` ({"action_dim": 8, "camera": "front", ...}) is checked
+        against the saved fields before any weight is read."""
+        directory = Path(directory)
+        meta_path = directory / "translator.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"{directory} is not a translator pipeline folder (no translator.json); "
+                                    "training writes one to <output_dir>/final")
+        meta = json.loads(meta_path.read_text())
+        for key, value in (expect or {}).items():
+            got = meta.get(key)
+            norm = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+            if norm(got) != norm(value):
+                raise TranslatorMismatchError(f"{directory}: this translator has {key}={got}, expected {value}")
+        normalizer = ActionNormalizer.from_dict(json.loads((directory / "action_stats.json").read_text()))
+        pipe = cls(CompositionalVideoDiT.from_pretrained(directory / "transformer"), load_codec(directory),
+                   FlowMatchEulerDiscreteScheduler.from_pretrained(directory / "scheduler"), normalizer,
+                   camera=meta["camera"], num_frames=meta["num_frames"], resolution=tuple(meta["resolution"]),
+                   controls=tuple(meta.get("controls", ())), fps=meta.get("fps", 10.0),
+                   provenance=meta.get("provenance"))
+        weights = directory / "transformer" / "diffusion_pytorch_model.safetensors"
+        pipe.checkpoint_hash = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
+        return pipe.to(device)
+
+    def to(self, device=None, dtype=None) -> "TranslatorPipeline":
+        self.transformer.to(device) if dtype is None else self.transformer.to(device, dtype)
+        self.codec.to(device=device)
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.transformer.parameters()).device
+
+    # -- inputs ----------------------------------------------------------------------------
+    def check_inputs(self, sim_video, actions, controls=None, w_action=1.0, w_sim=1.0, num_steps=20,
+                     strength=1.0, overlap=None):
+        """Validate everything before any compute; returns batched (sim, actions, controls)."""
+        sim = np.asarray(sim_video)
+        if sim.dtype != np.uint8 or sim.ndim not in (4, 5) or sim.shape[-1] != 3:
+            raise ValueError(f"sim_video must be uint8 (T, H, W, 3) or (B, T, H, W, 3), got {sim.dtype} {sim.shape}")
+        batched = sim.ndim == 5
+        sim = sim if batched else sim[None]
+        B, T, H, W, _ = sim.shape
+        if (H, W) != self.resolution:
+            raise ValueError(f"sim_video frames are {H}x{W} (H x W) but this translator works at "
+                             f"{self.resolution[0]}x{self.resolution[1]}: resize first, e.g. "
+                             f"comsim.translator.data.resize_video(frames, {self.resolution})")
+        act = np.asarray(actions, dtype=np.float32)
+        if act.ndim != (3 if batched else 2):
+            raise ValueError(f"actions must be {'(B, T, A)' if batched else '(T, A)'} to go with sim_video "
+                             f"{tuple(np.shape(sim_video))}, got shape {act.shape}")
+        act = act if batched else act[None]
+        A = self.normalizer.dim
+        if act.shape[-1] != A:
+            raise ValueError(f"actions have {act.shape[-1]} values per frame; this translator expects action_dim={A} "
+                             f"(7 joint targets + gripper for the Panda)")
+        if act.shape[:2] != (B, T):
+            raise ValueError(f"actions cover {act.shape[1]} frames (batch {act.shape[0]}) but sim_video has "
+                             f"{T} frames (batch {B}): one action per frame is expected")
+        if not np.isfinite(act).all():
+            raise ValueError("actions contain NaN or inf")
+        ctrl = []
+        for name in self.controls:
+            if controls is None or name not in controls:
+                raise ValueError(f"this translator needs control video {name!r} (controls={{'{name}': frames}})")
+            c = np.asarray(controls[name])
+            c = c if batched else c[None]
+            if c.shape != sim.shape or c.dtype != np.uint8:
+                raise ValueError(f"controls[{name!r}] must be uint8 {sim.shape}, got {c.dtype} {c.shape}")
+            ctrl.append(c)
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        if not 0.0 < strength <= 1.0:
+            raise ValueError(f"strength must be in (0, 1], got {strength}")
+        if strength < 1.0 and self.transformer.config.in_channels > self.transformer.config.sim_channels:
+            raise ValueError("strength < 1 starts from the sim latents, which need as many channels as the output")
+        self.codec.check_frames(self.num_frames, "num_frames")
+        ov = self.default_overlap() if overlap is None else int(overlap)
+        if T > self.num_frames and not 0 < ov < self.num_frames:
+            raise ValueError(f"overlap must be in [1, num_frames={self.num_frames}), got {ov}")
+        if T > self.num_frames and self.codec.temporal_factor > 1 and (ov - 1) % self.codec.temporal_factor:
+            raise ValueError(f"overlap={ov}: with a video VAE the overlap must be 1 + "
+                             f"{self.codec.temporal_factor}*k frames")
+        return batched, sim, act, ctrl, ov
+
+    def default_overlap(self) -> int:
+        r = self.codec.temporal_factor
+        half = max(1, self.num_frames // 2)
+        return half if r == 1 else 1 + r * max(0, (half - 1) // r)
+
+    # -- sampling --------------------------------------------------------------------------
+    def _sigmas(self, num_steps: int, strength: float):
+        self.scheduler.set_timesteps(num_steps)
+        sigmas = self.scheduler.sigmas.float()  # (num_steps + 1,), last = 0
+        start = num_steps - min(num_steps, max(1, int(round(num_steps * strength))))
+        return sigmas[start:]
+
+    @torch.no_grad()
+    def _sample_window(self, sim_lat, actions, noise, sigmas, w_action, w_sim, strength, known=None):
+        """Euler on the flow ODE for one window; ``known`` (B, C, k, h, w) pins the first k latent frames."""
+        model = self.transformer
+        dtype = next(model.parameters()).dtype
+        C = model.config.in_channels
+        x = noise * sigmas[0] + (1 - sigmas[0]) * sim_lat[:, :C] if strength < 1 else noise.clone()
+        for i in range(len(sigmas) - 1):
+            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+            if known is not None:
+                k = known.shape[2]
+                x[:, :, :k] = (1 - s) * known + s * noise[:, :, :k]  # same noise as the previous window
+            t = torch.full((x.shape[0],), s * 1000.0, device=x.device)
+            v = guided_velocity(model, x.to(dtype), t, actions.to(dtype), sim_lat.to(dtype), w_action, w_sim)
+            x = x + (s_next - s) * v
+        return x
+
+    @torch.no_grad()
+    def __call__(self, sim_video, actions, w_action: float = 1.0, w_sim: float = 1.0, num_steps: int = 20,
+                 strength: float = 1.0, seed: int = 0, overlap: int | None = None, controls: dict | None = None,
+                 progress: bool = False) -> np.ndarray:
+        """Translate ``sim_video`` uint8 (T, H, W, 3) [or (B, T, H, W, 3)] with raw ``actions`` (T, A)
+        [or (B, T, A)] into uint8 pseudo-real frames of the same shape.
+
+        Args:
+            w_action, w_sim: guidance weights (1, 0: action-only; 0, 1: sim-only).
+            num_steps: Euler steps for strength 1.
+            strength: < 1 starts from the sim video noised to that level (fewer steps, SDEdit).
+            seed: the noise seed; the same seed gives the same frames.
+            overlap: frames shared by consecutive windows of a long episode (default num_frames // 2).
+            controls: {name: uint8 video} for a translator trained with control channels.
+        """
+        batched, sim, act, ctrl, overlap = self.check_inputs(sim_video, actions, controls, w_action, w_sim,
+                                                             num_steps, strength, overlap)
+        B, L = sim.shape[:2]
+        N = self.num_frames
+        if L < N:  # pad short episodes by holding the last frame and action
+            pad = N - L
+            sim = np.concatenate([sim, np.repeat(sim[:, -1:], pad, 1)], 1)
+            act = np.concatenate([act, np.repeat(act[:, -1:], pad, 1)], 1)
+            ctrl = [np.concatenate([c, np.repeat(c[:, -1:], pad, 1)], 1) for c in ctrl]
+        T = sim.shape[1]
+        dev = self.device
+        sim_px = torch.cat([video_to_tensor(v) for v in [sim] + ctrl], dim=1)  # (B, Cs_px, T, H, W)
+        act_n = torch.from_numpy(self.normalizer.normalize(act))
+        sigmas = self._sigmas(num_steps, strength)
+        gen = torch.Generator().manual_seed(int(seed))
+        per_frame = self.codec.temporal_factor == 1
+        t_lat, h, w = self.codec.latent_size(N, *self.resolution)
+        C = self.transformer.config.in_channels
+        if per_frame:  # one noise tensor for the episode: overlapping windows share their noise
+            all_noise = torch.randn((B, C, T, h, w), generator=gen)
+
+        starts = list(range(0, max(T - N, 0) + 1, N - overlap)) if T > N else [0]
+        if starts[-1] != T - N:
+            starts.append(T - N)
+        out = torch.zeros(B, 3, T, *self.resolution)
+        done = 0  # frames [0, done) of `out` are final
+        it = starts
+        if progress:
+            from tqdm.auto import tqdm
+
+            it = tqdm(starts, desc="windows")
+        for s in it:
+            sl = slice(s, s + N)
+            sim_lat = encode_condition(self.codec, sim_px[:, :, sl].to(dev))
+            noise = all_noise[:, :, sl] if per_frame else torch.randn((B, C, t_lat, h, w), generator=gen)
+            known, k_px = None, done - s
+            if k_px > 0:
+                if per_frame:
+                    known = self.codec.encode(out[:, :, s:done].to(dev))
+                else:  # causal video VAE: the first latent frames depend only on the first pixel frames
+                    ref = torch.cat([out[:, :, s:done], sim_px[:, :3, done:s + N]], dim=2)
+                    known = self.codec.encode(ref.to(dev))[:, :, :1 + (k_px - 1) // self.codec.temporal_factor]
+            lat = self._sample_window(sim_lat, act_n[:, sl].to(dev), noise.to(dev), sigmas.to(dev), w_action,
+                                      w_sim, strength, known)
+            video = self.codec.decode(lat).float().cpu()
+            if k_px > 0:  # linear cross-fade from the previous result to this window over the overlap
+                ramp = torch.arange(1, k_px + 1, dtype=torch.float32) / (k_px + 1)
+                ramp = ramp.view(1, 1, -1, 1, 1)
+                out[:, :, s:done] = (1 - ramp) * out[:, :, s:done] + ramp * video[:, :, :k_px]
+                out[:, :, done:s + N] = video[:, :, k_px:]
+            else:
+                out[:, :, sl] = video
+            done = s + N
+        frames = tensor_to_video(out)[:, :L]
+        return frames if batched else frames[0]

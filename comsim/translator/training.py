@@ -1,0 +1,526 @@
+"""Training loop of the translator (``train/train_translator.py`` is its entry point).
+
+Objective: rectified flow in the convention of diffusers' FlowMatchEulerDiscreteScheduler:
+``x_t = (1 - t) x0 + t noise``, the model predicts ``v = noise - x0`` at timestep ``1000 t``,
+``t ~ sigmoid(N(m, s))`` (logit-normal). The action and the sim condition are each dropped
+independently (``p_drop_action``, ``p_drop_sim``) so that sampling can compose them.
+
+Determinism: every random draw of micro-step m on process r (batch indices, noise, t, drops)
+comes from a generator seeded by (seed, m, r). Together with the model, optimizer, LR
+schedule and EMA saved in ``checkpoint-{step}``, resuming reproduces an uninterrupted run.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from comsim.config import ConfigError, load_config, to_dict
+from comsim.translator.codec import build_codec
+from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
+                                    resize_video, split_episodes)
+from comsim.translator.model import CompositionalVideoDiT
+from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
+
+
+# -- config ---------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    patch_size: tuple[int, int, int] = (1, 4, 4)
+    gradient_checkpointing: bool = False
+
+
+@dataclass
+class CodecConfig:
+    type: str = "pixel"  # pixel | diffusers_vae
+    pretrained: str | None = None  # hub id or folder (diffusers_vae)
+    subfolder: str | None = None
+    vae_class: str = "AutoencoderKL"  # or AutoencoderKLWan, ...
+    sample_posterior: bool = False
+    frames_per_batch: int = 32
+
+
+@dataclass
+class SyntheticConfig:
+    episodes: int = 48
+    length: int = 40
+    size: int = 32
+    seed: int = 0
+
+
+@dataclass
+class DataConfig:
+    paths: list[str] = field(default_factory=list)  # LeRobot paired datasets; empty: synthetic pairs
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    camera: str = "front"
+    controls: list[str] = field(default_factory=list)  # extra sim control keys: "seg", "depth"
+    num_frames: int = 8  # window length in frames (1 + 4k for a video VAE)
+    resolution: tuple[int, int] = (32, 32)
+    val_episodes: int = 2  # held out: the last episodes of the first dataset
+    stride: int = 1  # between window starts
+    num_workers: int = 0
+    latent_cache: bool = False  # encode all windows once (VAE codecs) into output_dir/latents-*.safetensors
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    output_dir: str = "runs/translator"
+    batch_size: int = 8  # per process
+    gradient_accumulation_steps: int = 1
+    max_steps: int = 1000
+    max_minutes: float | None = None  # also stop (and save) after this much wall time
+    learning_rate: float = 3e-4
+    weight_decay: float = 0.0
+    adam_betas: tuple[float, float] = (0.9, 0.99)
+    lr_scheduler: str = "constant_with_warmup"  # any diffusers.optimization scheduler name
+    warmup_steps: int = 50
+    max_grad_norm: float = 1.0
+    mixed_precision: str = "auto"  # auto (bf16 on GPUs, no on CPUs) | no | bf16 | fp16
+    p_drop_action: float = 0.5
+    p_drop_sim: float = 0.5
+    logit_normal_mean: float = 0.0
+    logit_normal_std: float = 1.0
+    use_ema: bool = True
+    ema_decay: float = 0.999
+    checkpointing_steps: int = 500
+    checkpoints_total_limit: int | None = 3
+    validation_steps: int = 500
+    validation_clips: int = 2
+    log_steps: int = 10
+
+
+@dataclass
+class SamplingConfig:
+    num_steps: int = 20
+    shift: float = 1.0  # FlowMatchEulerDiscreteScheduler shift
+    w_action: float = 1.0
+    w_sim: float = 1.0
+
+
+@dataclass
+class TranslatorConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    codec: CodecConfig = field(default_factory=CodecConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+    def __post_init__(self):
+        t = self.train
+        for name in ("p_drop_action", "p_drop_sim"):
+            if not 0.0 <= getattr(t, name) < 1.0:
+                raise ValueError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
+        if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError(f"train.mixed_precision must be auto|no|bf16|fp16, got {t.mixed_precision!r}")
+        if self.codec.type not in ("pixel", "diffusers_vae"):
+            raise ValueError(f"codec.type must be 'pixel' or 'diffusers_vae', got {self.codec.type!r}")
+
+
+def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TranslatorConfig:
+    return load_config(TranslatorConfig, path, overrides)
+
+
+# fields that fix the architecture or the meaning of the weights: a checkpoint must match them
+ARCH_FIELDS = ("model.dim", "model.depth", "model.heads", "model.mlp_ratio", "model.patch_size", "codec.type",
+               "codec.pretrained", "codec.subfolder", "codec.vae_class", "data.camera", "data.controls",
+               "data.num_frames", "data.resolution")
+
+
+def _get(d: dict, dotted: str):
+    for p in dotted.split("."):
+        d = d.get(p) if isinstance(d, dict) else None
+    return list(d) if isinstance(d, tuple) else d
+
+
+def check_checkpoint_config(checkpoint: Path, cfg: TranslatorConfig) -> None:
+    """Raise TranslatorMismatchError naming the first architecture field that differs."""
+    path = checkpoint / "translator_config.json"
+    if not path.is_file():
+        raise TranslatorMismatchError(f"{checkpoint} has no translator_config.json: not a translator checkpoint")
+    saved, now = json.loads(path.read_text()), json.loads(json.dumps(to_dict(cfg)))
+    for key in ARCH_FIELDS:
+        if _get(saved, key) != _get(now, key):
+            raise TranslatorMismatchError(f"checkpoint {checkpoint} was trained with {key}={_get(saved, key)!r}, "
+                                          f"but this config has {key}={_get(now, key)!r}; use the same config "
+                                          "(or a new train.output_dir)")
+
+
+# -- determinism helpers ----------------------------------------------------------------------
+def step_seed(*parts: int) -> int:
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(1)[0])
+
+
+class StepBatchSampler:
+    """Batch indices of micro-steps [start, stop): epoch-wise permutations, a function of (seed, step)."""
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int, world: int, start: int, stop: int):
+        self.n, self.bs, self.seed, self.rank, self.world = n, batch_size, seed, rank, world
+        self.start, self.stop = start, stop
+        self._perms: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        if epoch not in self._perms:
+            self._perms = {epoch: torch.randperm(self.n, generator=torch.Generator().manual_seed(
+                step_seed(self.seed, epoch, 7)))}
+        return self._perms[epoch]
+
+    def __len__(self):
+        return max(0, self.stop - self.start)
+
+    def __iter__(self):
+        for m in range(self.start, self.stop):
+            first = (m * self.world + self.rank) * self.bs
+            yield [int(self._perm(p // self.n)[p % self.n]) for p in range(first, first + self.bs)]
+
+
+# -- media ----------------------------------------------------------------------------------
+def write_mp4(path: Path, frames: np.ndarray, fps: float = 10.0) -> None:
+    """uint8 (T, H, W, 3) -> H.264 mp4 with PyAV (sizes rounded up to even)."""
+    import av
+
+    T, H, W, _ = frames.shape
+    frames = np.pad(frames, ((0, 0), (0, H % 2), (0, W % 2), (0, 0)), mode="edge")
+    with av.open(str(path), "w") as box:
+        stream = box.add_stream("libx264", rate=int(round(fps)))
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for f in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
+                box.mux(packet)
+        for packet in stream.encode():
+            box.mux(packet)
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float(10 * np.log10(255.0 ** 2 / max(mse, 1e-10)))
+
+
+def save_validation(out_dir: Path, step: int, sims, gens, reals, fps: float, upscale: int = 4) -> None:
+    """PNG strip (rows sim / generated / real per clip, frames left to right) and an mp4 of the same."""
+    from PIL import Image
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for s, g, r in zip(sims, gens, reals):
+        rows += [np.concatenate(list(v), axis=1) for v in (s, g, r)]
+    strip = np.concatenate(rows, axis=0)
+    Image.fromarray(strip).resize((strip.shape[1] * upscale, strip.shape[0] * upscale), Image.NEAREST).save(
+        out_dir / f"step-{step:06d}.png")
+    video = np.concatenate([np.concatenate([s, g, r], axis=2) for s, g, r in zip(sims, gens, reals)], axis=1)
+    video = video.repeat(upscale, axis=1).repeat(upscale, axis=2)
+    write_mp4(out_dir / f"step-{step:06d}.mp4", video, fps)
+
+
+# -- building blocks --------------------------------------------------------------------------
+def open_sources(cfg: TranslatorConfig) -> list:
+    if cfg.data.paths:
+        return list(cfg.data.paths)
+    from comsim.translator.synthetic import make_synthetic_pairs
+
+    s = cfg.data.synthetic
+    return [make_synthetic_pairs(s.episodes, s.length, s.size, s.seed, camera=cfg.data.camera)]
+
+
+def build_datasets(cfg: TranslatorConfig, sources=None):
+    """(train, val) PairedWindowDatasets; val holds whole held-out episodes (stride = window)."""
+    d = cfg.data
+    sources = open_sources(cfg) if sources is None else sources
+    probe = PairedWindowDataset(sources, d.camera, d.num_frames, d.resolution, stride=d.stride, controls=d.controls)
+    sizes = [len(s) for s in probe.sources]
+    train_eps, val_eps = split_episodes(sizes, d.val_episodes)
+    train = PairedWindowDataset(probe.sources, d.camera, d.num_frames, d.resolution, probe.normalizer, train_eps,
+                                d.stride, d.controls)
+    val = (PairedWindowDataset(probe.sources, d.camera, d.num_frames, d.resolution, probe.normalizer, val_eps,
+                               d.num_frames, d.controls) if val_eps else None)
+    return train, val
+
+
+def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalVideoDiT:
+    t, h, w = codec.latent_size(cfg.data.num_frames, *cfg.data.resolution)
+    m = cfg.model
+    model = CompositionalVideoDiT(
+        in_channels=codec.latent_channels, sim_channels=codec.latent_channels + 3 * len(cfg.data.controls),
+        action_dim=action_dim, num_frames=t, sample_size=(h, w), patch_size=tuple(m.patch_size), dim=m.dim,
+        depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
+        causal_first_frame=bool(codec.causal_first_frame))
+    if m.gradient_checkpointing:
+        model.enable_gradient_checkpointing()
+    return model
+
+
+def build_scheduler(cfg: TranslatorConfig):
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=cfg.sampling.shift)
+
+
+def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | None = None):
+    return TranslatorPipeline(model, codec, build_scheduler(cfg), normalizer, camera=cfg.data.camera,
+                              num_frames=cfg.data.num_frames, resolution=tuple(cfg.data.resolution),
+                              controls=tuple(cfg.data.controls), fps=fps, provenance=provenance)
+
+
+def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None):
+    """One rectified-flow loss with independent condition dropout; all draws from ``generator``."""
+    B, dev = x0.shape[0], x0.device
+    noise = torch.randn(x0.shape, generator=generator).to(dev)
+    t = torch.sigmoid(cfg.logit_normal_mean + cfg.logit_normal_std * torch.randn(B, generator=generator)).to(dev)
+    action_keep = (torch.rand(B, generator=generator) >= cfg.p_drop_action).to(dev)
+    sim_keep = (torch.rand(B, generator=generator) >= cfg.p_drop_sim).to(dev)
+    tt = t.view(B, 1, 1, 1, 1)
+    x_t = (1 - tt) * x0 + tt * noise
+    with autocast() if autocast is not None else contextlib.nullcontext():
+        v = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep)
+    return F.mse_loss(v.float(), (noise - x0).float())
+
+
+def find_checkpoint(output_dir: Path, resume: str | None) -> Path | None:
+    if not resume:
+        return None
+    if resume != "latest":
+        path = Path(resume)
+        if not path.is_dir():
+            raise FileNotFoundError(f"--resume_from_checkpoint {resume}: no such checkpoint folder")
+        return path
+    found = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    found = [p for p in found if (p / "translator_config.json").is_file()]
+    return found[-1] if found else None
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+# -- the loop ---------------------------------------------------------------------------------
+def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop_at_step: int | None = None,
+          sources=None) -> Path | None:
+    """Train; returns ``output_dir/final`` (a TranslatorPipeline folder) or None if stopped early.
+
+    ``stop_at_step`` stops right after that step's checkpoint as if killed (no final save).
+    ``sources`` overrides cfg.data.paths (e.g. in-memory Episode lists).
+    """
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+    from diffusers.optimization import get_scheduler
+    from diffusers.training_utils import EMAModel
+
+    tc = cfg.train
+    out = Path(tc.output_dir)
+    mp = tc.mixed_precision if tc.mixed_precision != "auto" else ("bf16" if torch.cuda.is_available() else "no")
+    accelerator = Accelerator(gradient_accumulation_steps=tc.gradient_accumulation_steps, mixed_precision=mp,
+                              log_with="tensorboard",
+                              project_config=ProjectConfiguration(project_dir=str(out), logging_dir=str(out / "logs")))
+    checkpoint = find_checkpoint(out, resume_from_checkpoint)
+    if checkpoint is not None:
+        check_checkpoint_config(checkpoint, cfg)  # before any compute
+    set_seed(tc.seed)
+    rank, world, dev = accelerator.process_index, accelerator.num_processes, accelerator.device
+
+    codec = build_codec(dataclasses.asdict(cfg.codec)).to(dev)
+    train_ds, val_ds = build_datasets(cfg, sources)
+    normalizer = train_ds.normalizer
+    model = build_model(cfg, codec, normalizer.dim)
+    fps = float(getattr(train_ds.sources[0], "fps", 10.0))
+    cfg_json = json.loads(json.dumps(to_dict(cfg)))
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "translator_config.json").write_text(json.dumps(cfg_json, indent=2))
+        n_params = sum(p.numel() for p in model.parameters())
+        print(f"translator: {n_params / 1e6:.2f}M parameters, {len(train_ds)} training windows, "
+              f"{world} process(es), mixed_precision={mp}", flush=True)
+
+    latent_mode = cfg.codec.type != "pixel" and cfg.data.latent_cache
+    if latent_mode:
+        key = hashlib.sha256(json.dumps([cfg_json["codec"], cfg_json["data"]], sort_keys=True).encode()).hexdigest()[:12]
+        cache = out / f"latents-{key}.safetensors"
+        with accelerator.main_process_first():
+            if not cache.is_file():
+                build_latent_cache(train_ds, codec, cache)
+        train_ds = LatentWindowDataset(cache)
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.learning_rate, betas=tuple(tc.adam_betas),
+                                  weight_decay=tc.weight_decay)
+    lr_scheduler = get_scheduler(tc.lr_scheduler, optimizer, num_warmup_steps=tc.warmup_steps,
+                                 num_training_steps=tc.max_steps)
+    ema = None
+    if tc.use_ema:
+        ema = EMAModel(model.parameters(), decay=tc.ema_decay, model_cls=CompositionalVideoDiT,
+                       model_config=model.config)
+        ema.to(dev)
+        accelerator.register_for_checkpointing(ema)
+    accelerator.register_for_checkpointing(lr_scheduler)  # stepped by hand, once per optimizer step
+    model, optimizer = accelerator.prepare(model, optimizer)
+
+    global_step = 0
+    if checkpoint is not None:
+        accelerator.load_state(str(checkpoint))
+        global_step = int(checkpoint.name.split("-")[1])
+        accelerator.print(f"resumed from {checkpoint} at step {global_step}")
+    elif resume_from_checkpoint:
+        accelerator.print(f"no checkpoint in {out}; starting from scratch")
+    if accelerator.is_main_process:
+        accelerator.init_trackers("translator", config=_flat(cfg_json))
+
+    accum = tc.gradient_accumulation_steps
+    sampler = StepBatchSampler(len(train_ds), tc.batch_size, tc.seed, rank, world, global_step * accum,
+                               tc.max_steps * accum)
+    loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler, num_workers=cfg.data.num_workers)
+    micro = global_step * accum
+    t_start, t_last, losses = time.time(), time.time(), []
+    stopped_early = False
+    progress = None
+    if accelerator.is_main_process:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(total=tc.max_steps, initial=global_step, desc="train", dynamic_ncols=True)
+    model.train()
+    for batch in loader:
+        gen = torch.Generator().manual_seed(step_seed(tc.seed, micro, rank, 1))
+        with accelerator.accumulate(model):
+            target, sim, actions = batch["target"].to(dev), batch["sim"].to(dev), batch["actions"].to(dev)
+            if latent_mode:
+                x0, sim_lat = target, sim
+            else:
+                with torch.no_grad():
+                    x0, sim_lat = codec.encode(target), encode_condition(codec, sim)
+            loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast)
+            accelerator.backward(loss)
+            if accelerator.sync_gradients and tc.max_grad_norm > 0:
+                accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        micro += 1
+        losses.append(loss.detach())
+        if not accelerator.sync_gradients:
+            continue
+        lr_scheduler.step()
+        global_step += 1
+        if ema is not None:
+            ema.step(accelerator.unwrap_model(model).parameters())
+        if progress is not None:
+            progress.update(1)
+
+        if global_step % tc.log_steps == 0 or global_step == tc.max_steps:
+            mean_loss = accelerator.reduce(torch.stack(losses).mean(), "mean").item()
+            now = time.time()
+            step_time = (now - t_last) / max(1, len(losses) // accum)
+            t_last, losses = now, []
+            accelerator.log({"loss": mean_loss, "lr": lr_scheduler.get_last_lr()[0], "step_time_s": step_time},
+                            step=global_step)
+            if progress is not None:
+                progress.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{step_time:.2f}")
+
+        out_of_time = False
+        if tc.max_minutes is not None:
+            flag = torch.tensor(float(time.time() - t_start > 60 * tc.max_minutes), device=dev)
+            out_of_time = accelerator.reduce(flag, "sum").item() > 0
+        last = global_step >= tc.max_steps or out_of_time
+        stop_now = stop_at_step is not None and global_step >= stop_at_step
+        if global_step % tc.checkpointing_steps == 0 or last or stop_now:
+            save_checkpoint(accelerator, out, global_step, tc.checkpoints_total_limit, cfg_json)
+        if accelerator.is_main_process and val_ds is not None and (global_step % tc.validation_steps == 0 or last):
+            with ema_weights(ema, accelerator.unwrap_model(model)):
+                validate(cfg, accelerator, make_pipeline(cfg, accelerator.unwrap_model(model), codec, normalizer, fps),
+                         val_ds, global_step)
+        if stop_now and not last:
+            stopped_early = True
+            break
+        if last:
+            break
+    if progress is not None:
+        progress.close()
+    accelerator.wait_for_everyone()
+    final = None
+    if not stopped_early and accelerator.is_main_process:
+        unwrapped = accelerator.unwrap_model(model)
+        with ema_weights(ema, unwrapped):
+            provenance = {"config": cfg_json, "steps": global_step, "ema": ema is not None}
+            final = make_pipeline(cfg, unwrapped, codec, normalizer, fps, provenance).save_pretrained(out / "final")
+        print(f"saved {final} after {global_step} steps", flush=True)
+    accelerator.end_training()
+    return final
+
+
+class ema_weights:
+    """Context: the model holds the EMA weights inside, its own weights again after."""
+
+    def __init__(self, ema, model):
+        self.ema, self.model = ema, model
+
+    def __enter__(self):
+        if self.ema is not None:
+            self.ema.store(self.model.parameters())
+            self.ema.copy_to(self.model.parameters())
+
+    def __exit__(self, *exc):
+        if self.ema is not None:
+            self.ema.restore(self.model.parameters())
+
+
+def save_checkpoint(accelerator, out: Path, step: int, limit: int | None, cfg_json: dict) -> None:
+    from accelerate.utils import DistributedType
+
+    if not (accelerator.is_main_process or accelerator.distributed_type == DistributedType.DEEPSPEED):
+        return
+    if accelerator.is_main_process and limit is not None:
+        old = sorted(out.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        old = [p for p in old if int(p.name.split("-")[1]) != step]
+        for p in old[:max(0, len(old) - limit + 1)]:
+            shutil.rmtree(p, ignore_errors=True)
+    path = out / f"checkpoint-{step}"
+    tmp = out / f"tmp-checkpoint-{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.save_state(str(tmp))
+    (tmp / "translator_config.json").write_text(json.dumps(cfg_json, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+
+
+@torch.no_grad()
+def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_ds, step: int) -> dict:
+    """Sample the first window of a few held-out episodes; save strips, log PSNR vs. real."""
+    model = pipe.transformer
+    was_training = model.training
+    model.eval()
+    sims, gens, reals, scores = [], [], [], []
+    n = min(cfg.train.validation_clips, len(val_ds))
+    for i in range(n):
+        s, e, t = val_ds.index[i * max(1, len(val_ds) // n)]
+        ep = val_ds.sources[s].read_window(e, t, val_ds.num_frames, cameras=val_ds.keys)
+        sim = resize_video(ep.frames[val_ds.keys[1]], val_ds.resolution)
+        real = resize_video(ep.frames[val_ds.keys[0]], val_ds.resolution)
+        controls = {c: resize_video(ep.frames[k], val_ds.resolution) for c, k in zip(cfg.data.controls, val_ds.keys[2:])}
+        gen = pipe(sim, ep.action, w_action=cfg.sampling.w_action, w_sim=cfg.sampling.w_sim,
+                   num_steps=cfg.sampling.num_steps, seed=cfg.train.seed, controls=controls or None)
+        sims.append(sim), gens.append(gen), reals.append(real)
+        scores.append(psnr(gen, real))
+    metrics = {"val_psnr": float(np.mean(scores)), "val_psnr_sim": float(np.mean([psnr(s, r) for s, r in zip(sims, reals)]))}
+    accelerator.log(metrics, step=step)
+    save_validation(Path(cfg.train.output_dir) / "validation", step, sims, gens, reals, pipe.fps)
+    if was_training:
+        model.train()
+    return metrics
+
+
+__all__ = ["TranslatorConfig", "load_train_config", "train", "ConfigError", "flow_matching_loss", "psnr",
+           "build_datasets", "build_model", "make_pipeline", "check_checkpoint_config"]

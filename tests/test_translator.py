@@ -1,0 +1,316 @@
+"""Translator tests: a micro model (dim 32, depth 2, 4 frames of 16x16) on synthetic pairs."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from comsim.config import apply_overrides, from_dict
+from comsim.translator.codec import DiffusersVAECodec, PixelCodec
+from comsim.translator.data import (ActionNormalizer, LatentWindowDataset, PairedWindowDataset, build_latent_cache,
+                                   video_to_tensor)
+from comsim.translator.guidance import compose, guided_velocity
+from comsim.translator.model import CompositionalVideoDiT
+from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
+from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
+from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, flow_matching_loss,
+                                        make_pipeline, train)
+
+torch.set_num_threads(2)
+ROOT = Path(__file__).resolve().parents[1]
+
+MICRO = {
+    "model": {"dim": 32, "depth": 2, "heads": 2, "patch_size": [1, 4, 4]},
+    "data": {"synthetic": {"episodes": 6, "length": 12, "size": 16, "seed": 0}, "num_frames": 4,
+             "resolution": [16, 16], "val_episodes": 1},
+    "train": {"batch_size": 4, "max_steps": 6, "checkpointing_steps": 3, "validation_steps": 1000, "log_steps": 2,
+              "warmup_steps": 0, "learning_rate": 2e-3},
+    "sampling": {"num_steps": 4},
+}
+
+
+def micro_cfg(out, *overrides) -> TranslatorConfig:
+    return from_dict(TranslatorConfig, apply_overrides(MICRO, [f"train.output_dir={out}", *overrides]))
+
+
+def micro_model(seed=0, **kw) -> CompositionalVideoDiT:
+    torch.manual_seed(seed)
+    args = dict(in_channels=3, sim_channels=3, action_dim=8, num_frames=4, sample_size=(16, 16),
+                patch_size=(1, 4, 4), dim=32, depth=2, heads=2)
+    model = CompositionalVideoDiT(**{**args, **kw})
+    with torch.no_grad():  # AdaLN-Zero starts at zero output: randomize so that conditions show
+        for p in model.parameters():
+            if p.abs().sum() == 0:
+                p.normal_(0, 0.05)
+    return model.eval()
+
+
+def inputs(B=2, seed=0, T=4):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, 3, T, 16, 16, generator=g), torch.rand(B, generator=g) * 1000,
+            torch.randn(B, T, 8, generator=g), torch.randn(B, 3, T, 16, 16, generator=g))
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A micro translator (patch 1x2x2) trained for 200 steps (no EMA); returns its pipeline folder."""
+    out = tmp_path_factory.mktemp("trained")
+    cfg = micro_cfg(out, "train.max_steps=200", "train.batch_size=8", "train.use_ema=false",
+                    "train.checkpointing_steps=1000", "model.patch_size=[1,2,2]")
+    return train(cfg)
+
+
+# -- model -------------------------------------------------------------------------------------
+def test_shapes_and_null_conditions():
+    model = micro_model()
+    x, t, a, s = inputs()
+    no, yes = torch.zeros(2, dtype=torch.bool), torch.ones(2, dtype=torch.bool)
+    with torch.no_grad():
+        v = model(x, t, a, s, yes, yes)
+        assert v.shape == x.shape
+        # a dropped condition is ignored entirely, a kept one matters
+        assert torch.equal(model(x, t, a, s, no, yes), model(x, t, a * 3 + 1, s, no, yes))
+        assert torch.equal(model(x, t, a, s, yes, no), model(x, t, a, s * 3 + 1, yes, no))
+        assert not torch.allclose(model(x, t, a, s, yes, yes), model(x, t, a * 3 + 1, s, yes, yes))
+        assert not torch.allclose(model(x, t, a, s, yes, yes), model(x, t, a, s * 3 + 1, yes, yes))
+        # the null sim differs from a zero sim video: the mask channel and the null bias tell them apart
+        assert not torch.allclose(model(x, t, a, torch.zeros_like(s), yes, no), model(x, t, a, torch.zeros_like(s), yes, yes))
+
+
+def test_each_latent_frame_gets_its_own_actions():
+    # a Wan-like causal video VAE: 3 latent frames <-> 1 + 2*4 = 9 actions; frame 0 <- action 0 only
+    model = micro_model(actions_per_latent_frame=4, causal_first_frame=True, num_frames=3, sample_size=(8, 8))
+    assert model.expected_action_frames(3) == 9
+    a = torch.randn(1, 9, 8)
+    base = model._action_tokens(a, 3)
+    for changed, frame in ((0, 0), (1, 1), (4, 1), (5, 2), (8, 2)):
+        b = a.clone()
+        b[0, changed] += 1.0
+        diff = (model._action_tokens(b, 3) - base).abs().sum(-1)[0]
+        assert diff[frame] > 0 and diff.sum() == diff[frame], (changed, diff)
+    with pytest.raises(ValueError, match="actions must be"):
+        model(torch.randn(1, 3, 3, 8, 8), torch.ones(1), torch.randn(1, 12, 8), torch.randn(1, 3, 3, 8, 8))
+
+
+# -- guidance ----------------------------------------------------------------------------------
+def test_guidance_composition():
+    model = micro_model()
+    x, t, a, s = inputs()
+    with torch.no_grad():
+        def single(ak, sk):
+            return model(x, t, a, s, torch.full((2,), ak), torch.full((2,), sk))
+
+        v_none, v_action, v_sim = single(False, False), single(True, False), single(False, True)
+        assert torch.equal(guided_velocity(model, x, t, a, s, 0.0, 0.0), v_none)
+        torch.testing.assert_close(guided_velocity(model, x, t, a, s, 1.0, 0.0), v_action, rtol=1e-5, atol=1e-5)
+        expected = compose(v_none, v_action, v_sim, 1.5, 2.0)
+        torch.testing.assert_close(guided_velocity(model, x, t, a, s, 1.5, 2.0), expected, rtol=1e-4, atol=1e-5)
+
+    calls = []
+    model.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    with torch.no_grad():
+        guided_velocity(model, x, t, a, s, 1.5, 2.0)
+    assert calls == [6]  # ONE forward with the three branches stacked (3B)
+
+
+# -- data and codecs ---------------------------------------------------------------------------
+def test_synthetic_pairs_and_action_consistency():
+    eps = make_synthetic_pairs(3, 10, 32, seed=1)
+    e = eps[0]
+    assert e.frames["front"].shape == e.frames["front_sim"].shape == (10, 32, 32, 3)
+    assert e.action.shape == (10, 8)
+    own = action_consistency(e.frames["front"], e.action)
+    other = action_consistency(e.frames["front"], eps[1].action)
+    assert own["iou"] > 0.6 and own["iou"] > other["iou"] + 0.3
+    assert own["centroid_err_px"] < 1.5 < other["centroid_err_px"]
+
+
+def test_windows_normalization_and_latent_cache(tmp_path):
+    eps = make_synthetic_pairs(3, 10, 32, seed=2)
+    ds = PairedWindowDataset(eps, "front", 4, (16, 16))
+    assert len(ds) == 3 * 7
+    item = ds[5]
+    assert item["target"].shape == item["sim"].shape == (3, 4, 16, 16)
+    assert item["target"].min() >= -1 and item["target"].max() <= 1
+    acts = torch.stack([ds[i]["actions"] for i in range(len(ds))])
+    assert acts[..., :7].mean().abs() < 0.5  # z-scored
+    cache = build_latent_cache(ds, PixelCodec(), tmp_path / "latents.safetensors")
+    cached = LatentWindowDataset(cache)
+    assert len(cached) == len(ds) and torch.equal(cached[5]["target"], item["target"])
+
+
+def tiny_autoencoder_kl(path):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=(8, 16), down_block_types=("DownEncoderBlock2D",) * 2,
+                        up_block_types=("UpDecoderBlock2D",) * 2, latent_channels=4, norm_num_groups=4,
+                        layers_per_block=1, sample_size=16, scaling_factor=0.5)
+    vae.save_pretrained(path)
+    return path
+
+
+def test_vae_codecs_offline_and_in_a_pipeline(tmp_path):
+    from diffusers import AutoencoderKLWan
+
+    codec = DiffusersVAECodec(str(tiny_autoencoder_kl(tmp_path / "vae")))
+    assert (codec.latent_channels, codec.spatial_factor, codec.temporal_factor) == (4, 2, 1)
+    video = torch.rand(2, 3, 4, 16, 16) * 2 - 1
+    z = codec.encode(video)
+    assert z.shape == (2, 4, 4, 8, 8) and codec.decode(z).shape == video.shape
+
+    torch.manual_seed(0)
+    AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, attn_scales=[],
+                     temperal_downsample=[True], latents_mean=[0.1] * 4, latents_std=[2.0] * 4,
+                     scale_factor_temporal=2, scale_factor_spatial=2).save_pretrained(tmp_path / "wan")
+    wan = DiffusersVAECodec(str(tmp_path / "wan"), vae_class="AutoencoderKLWan")
+    assert (wan.temporal_factor, wan.causal_first_frame) == (2, True)
+    assert wan.latent_size(5, 16, 16) == (3, 8, 8)
+    with pytest.raises(ValueError, match="1 \\+ 2\\*k frames"):
+        wan.latent_size(4, 16, 16)
+    assert wan.encode(torch.zeros(1, 3, 5, 16, 16)).shape == (1, 4, 3, 8, 8)
+
+    # a pipeline on the image VAE copies the VAE in and reloads offline, bit for bit
+    model = micro_model(in_channels=4, sim_channels=4, sample_size=(8, 8), patch_size=(1, 2, 2))
+    cfg = TranslatorConfig()
+    cfg.data.num_frames, cfg.data.resolution = 4, (16, 16)
+    pipe = make_pipeline(cfg, model, codec, ActionNormalizer(np.zeros(8), np.ones(8)), fps=10)
+    pipe.save_pretrained(tmp_path / "pipe")
+    shutil.rmtree(tmp_path / "vae")  # the saved pipeline must not need the original folder
+    again = TranslatorPipeline.from_pretrained(tmp_path / "pipe")
+    eps = make_synthetic_pairs(1, 6, 16, seed=3)
+    args = dict(sim_video=eps[0].frames["front_sim"], actions=eps[0].action, num_steps=2, seed=1)
+    assert np.array_equal(pipe(**args), again(**args))
+    assert again(**args).shape == (6, 16, 16, 3)
+
+
+# -- training ----------------------------------------------------------------------------------
+def test_training_reduces_loss(trained):
+    cfg = micro_cfg("unused")
+    train_ds, _ = build_datasets(cfg)
+    batch = torch.utils.data.default_collate([train_ds[i] for i in range(0, len(train_ds), 3)])
+
+    def loss_of(model):
+        g = torch.Generator().manual_seed(123)
+        with torch.no_grad():
+            return flow_matching_loss(model.eval(), batch["target"], batch["sim"], batch["actions"], g, cfg.train).item()
+
+    torch.manual_seed(cfg.train.seed)
+    before = loss_of(build_model(cfg, PixelCodec(), 8))  # zero output at init: E|noise - x0|^2
+    after = loss_of(TranslatorPipeline.from_pretrained(trained).transformer)
+    assert after < 0.3 * before, (before, after)
+
+
+def test_save_load_reproduces_samples_exactly(trained, tmp_path):
+    pipe = TranslatorPipeline.from_pretrained(trained)
+    ep = make_synthetic_pairs(1, 7, 16, seed=9)[0]
+    a = pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=4)
+    pipe.save_pretrained(tmp_path / "copy")
+    b = TranslatorPipeline.from_pretrained(tmp_path / "copy")(ep.frames["front_sim"], ep.action, w_action=1.2,
+                                                               w_sim=1.5, num_steps=3, seed=4)
+    assert a.shape == (7, 16, 16, 3) and a.dtype == np.uint8
+    assert np.array_equal(a, b)
+    c = pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=5)
+    assert not np.array_equal(a, c)
+    # batched input, and SDEdit-style strength < 1 (fewer steps from the noised sim video)
+    batch = pipe(np.stack([ep.frames["front_sim"]] * 2), np.stack([ep.action] * 2), num_steps=3, seed=4,
+                 w_action=1.2, w_sim=1.5)
+    assert batch.shape == (2, 7, 16, 16, 3)
+    low = pipe(ep.frames["front_sim"], ep.action, num_steps=10, strength=0.2, seed=4)
+    assert np.abs(low.astype(int) - ep.frames["front_sim"]).mean() < np.abs(a.astype(int) - ep.frames["front_sim"]).mean()
+
+
+def test_resume_reproduces_uninterrupted_run(tmp_path):
+    """Asserted: bit-identical raw weights, optimizer state and EMA weights after a stop + resume."""
+    extra = ("train.gradient_accumulation_steps=2",)
+    full = train(micro_cfg(tmp_path / "full", *extra))
+    assert train(micro_cfg(tmp_path / "cut", *extra), stop_at_step=3) is None  # "killed" after checkpoint-3
+    assert sorted(p.name for p in (tmp_path / "cut").glob("checkpoint-*")) == ["checkpoint-3"]
+    resumed = train(micro_cfg(tmp_path / "cut", *extra), resume_from_checkpoint="latest")
+    for name in ("checkpoint-6/model.safetensors", "final/transformer/diffusion_pytorch_model.safetensors"):
+        a, b = load_file(tmp_path / "full" / name), load_file(tmp_path / "cut" / name)
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+    oa = torch.load(tmp_path / "full/checkpoint-6/optimizer.bin", weights_only=False)["state"]
+    ob = torch.load(tmp_path / "cut/checkpoint-6/optimizer.bin", weights_only=False)["state"]
+    assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
+    assert full.name == resumed.name == "final"
+
+
+def test_two_process_cpu_ddp(tmp_path):
+    cfg = tmp_path / "micro.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump(apply_overrides(MICRO, [f"train.output_dir={tmp_path / 'ddp'}"])))
+    env = dict(os.environ, ACCELERATE_USE_CPU="1", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    cmd = [str(Path(sys.executable).with_name("accelerate")), "launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           str(ROOT / "train/train_translator.py"), "--config", str(cfg)]
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "2 process(es)" in r.stdout
+    assert (tmp_path / "ddp/final/transformer/diffusion_pytorch_model.safetensors").is_file()
+    assert (tmp_path / "ddp/checkpoint-6").is_dir()
+
+
+# -- long episodes -----------------------------------------------------------------------------
+def test_long_episode_windows_without_seams(trained):
+    pipe = TranslatorPipeline.from_pretrained(trained)
+    ep = make_synthetic_pairs(1, 15, 16, seed=11)[0]
+    out = pipe(ep.frames["front_sim"], ep.action, num_steps=8, seed=0, overlap=2)
+    assert out.shape == (15, 16, 16, 3)
+    # windows start at 0, 2, 4, 6, 8, 10, 11 (the last one aligned to the end): fresh frames begin at 4, 6, ...
+    diffs = np.abs(np.diff(out.astype(np.float64), axis=0)).mean(axis=(1, 2, 3))  # diffs[i]: frame i -> i+1
+    boundary = [3, 5, 7, 9, 11, 13]
+    within = [i for i in range(len(diffs)) if i not in boundary]
+    assert diffs[boundary].mean() <= 1.25 * diffs[within].mean(), (diffs[boundary], diffs[within])
+    # a window shorter than the model's is padded, then cut back
+    assert pipe(ep.frames["front_sim"][:3], ep.action[:3], num_steps=2).shape == (3, 16, 16, 3)
+
+
+def test_window_overlap_is_pinned_to_the_previous_result(trained):
+    """The mechanism behind the seamless windows: overlap latents re-noised from the previous result."""
+    pipe = TranslatorPipeline.from_pretrained(trained)
+    ep = make_synthetic_pairs(1, 4, 16, seed=12)[0]
+    sim = video_to_tensor(ep.frames["front_sim"][None])
+    act = torch.from_numpy(pipe.normalizer.normalize(ep.action[None]))
+    noise = torch.randn(1, 3, 4, 16, 16, generator=torch.Generator().manual_seed(0))
+    known = video_to_tensor(ep.frames["front"][None, 1:3])  # "what the previous window made"
+    sigmas = pipe._sigmas(8, 1.0)
+    pinned = pipe._sample_window(sim, act, noise, sigmas, 0.0, 0.0, 1.0, known)
+    free = pipe._sample_window(sim, act, noise, sigmas, 0.0, 0.0, 1.0, None)
+    assert (pinned[:, :, :2] - known).abs().mean() < 0.02
+    assert (free[:, :, :2] - known).abs().mean() > 0.1
+
+
+# -- bad input ---------------------------------------------------------------------------------
+def test_bad_inputs_fail_before_compute(trained, tmp_path):
+    pipe = TranslatorPipeline.from_pretrained(trained)
+
+    def boom(*a, **k):
+        raise AssertionError("the model ran before the input was checked")
+
+    pipe.transformer.forward = boom
+    ep = make_synthetic_pairs(1, 6, 16, seed=5)[0]
+    sim, act = ep.frames["front_sim"], ep.action
+    with pytest.raises(ValueError, match="action_dim=8"):
+        pipe(sim, act[:, :7])
+    with pytest.raises(ValueError, match="actions cover 5 frames .* sim_video has 6 frames"):
+        pipe(sim, act[:5])
+    with pytest.raises(ValueError, match="32x32 .* works at 16x16"):
+        pipe(make_synthetic_pairs(1, 6, 32, seed=5)[0].frames["front_sim"], act)
+    with pytest.raises(ValueError, match="uint8"):
+        pipe(sim.astype(np.float32), act)
+    with pytest.raises(TranslatorMismatchError, match="action_dim=8, expected 7"):
+        TranslatorPipeline.from_pretrained(trained, expect={"action_dim": 7})
+    # resuming a run with a different architecture names the field and both values
+    run = tmp_path / "run"
+    shutil.copytree(Path(trained).parent, run)
+    with pytest.raises(TranslatorMismatchError, match="model.dim=32.*model.dim=48"):
+        train(micro_cfg(run, "model.dim=48"), resume_from_checkpoint="latest")
