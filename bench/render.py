@@ -1,0 +1,71 @@
+"""Render throughput of the twin cell (frames/s), one renderer in this process.
+
+Each case is a function returning {"name": fps}; add cases to CASES (e.g. the lab's
+shadowed rendering). The robot moves between frames so the scene is re-posed each
+time, as in a replay. Prints ONE JSON object as its last line.
+
+    MUJOCO_GL=egl python bench/render.py [--frames 300] [--config configs/twin/panda_cell.yaml]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+
+from comsim.sim.render import SceneRenderer  # noqa: E402
+from comsim.sim.scene import Scene  # noqa: E402
+from comsim.sim.spec import load_scene_spec  # noqa: E402
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "twin" / "panda_cell.yaml"
+
+
+def twin_fps(config: Path, visual: str, size: int, frames: int) -> float:
+    """RGB frames/s of the spec's first camera at size x size, arm moving every frame."""
+    spec = load_scene_spec(config, [f"robot.visual={visual}"])
+    scene = Scene(spec)
+    cam = spec.cameras[0].name
+    q0 = np.asarray(spec.robot.init_qpos)
+    with SceneRenderer(scene, cam, size, size) as r:
+        for _ in range(5):  # warm-up: first frames upload meshes and textures
+            r.rgb()
+        t0 = time.perf_counter()
+        for i in range(frames):
+            scene.set_robot_qpos(q0 + 0.3 * np.sin(0.05 * i), 0.08)
+            r.rgb()
+        return frames / (time.perf_counter() - t0)
+
+
+def twin_cases(config: Path, frames: int) -> dict[str, float]:
+    return {
+        "twin_light_128_fps": twin_fps(config, "light", 128, frames),
+        "twin_light_256_fps": twin_fps(config, "light", 256, frames),
+        "twin_full_128_fps": twin_fps(config, "full", 128, max(frames // 3, 30)),
+    }
+
+
+CASES = [twin_cases]
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--frames", type=int, default=300)
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    args = ap.parse_args(argv)
+    results: dict[str, float] = {}
+    for case in CASES:
+        results.update({k: round(v, 1) for k, v in case(args.config, args.frames).items()})
+    results["cpu_count"] = os.cpu_count()
+    print(json.dumps(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()
