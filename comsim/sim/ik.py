@@ -41,9 +41,7 @@ def solve_ik(scene, pos, quat=None, q_init=None, *, max_iters: int = 300, tol_po
     initial posture) is the null-space target.
     """
     model = scene.model
-    data = getattr(scene, "_ik_data", None)
-    if data is None:
-        data = scene._ik_data = mujoco.MjData(model)
+    data = scene.scratch_data
     data.qpos[:] = scene.data.qpos
     qadr, dofadr, (lo, hi) = scene.arm_qadr, scene.arm_dofadr, scene.arm_range.T
     q = np.clip(np.asarray(scene.get_state()[:7] if q_init is None else q_init, dtype=np.float64), lo, hi)

@@ -3,11 +3,12 @@
 Why: the Panda meshes have 134k faces and llvmpipe draws them at ~60 frames/s at
 128x128. A twin renders many frames, so `visual: light` swaps in decimated copies.
 
-Decimation is vertex clustering on a regular grid (dependency-free numpy), with each
-cluster's vertex placed at the minimum of the summed face-plane quadrics (Lindstrom
-2000), which keeps flat sides and sharp edges where they are, so silhouettes move by
-well under the cell size. Faces are clustered separately per texture colour (the Panda
-uses a flat-colour atlas), so colours never bleed across a seam.
+Decimation is adaptive (octree) vertex clustering in dependency-free numpy: each
+cluster's vertex sits at the minimum of its face-plane quadrics (Lindstrom 2000), and a
+cell is split until that point is within ``tol`` of every face plane around it. Flat
+sides and sharp edges stay where they are; silhouettes move by about ``tol``. Vertices
+are split per texture colour (the Panda uses a flat-colour atlas) so colours never bleed,
+and normals are re-smoothed up to a crease angle, since the originals are flat-shaded.
 
 Collisions are unchanged: MuJoCo collides a mesh as its convex hull, so the collision
 geom gets the exact hull of the ORIGINAL vertices and physics is the same in both modes.
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"  # bump when the decimation changes: cached files are rebuilt
 
 
 def cache_dir() -> Path:
@@ -193,27 +194,27 @@ def decimate(mesh: ObjMesh, tol: float, texture: np.ndarray | None = None) -> Ob
     Geometry is clustered once for all faces (no cracks between colour regions); each
     output vertex is a (cluster, colour class) pair whose UV points into that colour.
     """
-    classes = classes_all = _face_colour_classes(mesh, texture)
+    classes = _face_colour_classes(mesh, texture)
+    n_classes = int(classes.max()) + 1
     points, cluster_of = cluster_vertices(mesh.vertices, mesh.faces, tol)
     faces = cluster_of[mesh.faces]
+    # Drop faces that collapsed, then duplicates (same corners, same colour).
     keep = (faces[:, 0] != faces[:, 1]) & (faces[:, 1] != faces[:, 2]) & (faces[:, 0] != faces[:, 2])
-    faces, classes, src = faces[keep], classes[keep], np.flatnonzero(keep)
-    _, first = np.unique(np.concatenate([np.sort(faces, axis=1), classes[:, None]], axis=1),
+    src = np.flatnonzero(keep)
+    _, first = np.unique(np.concatenate([np.sort(faces[src], axis=1), classes[src, None]], axis=1),
                          axis=0, return_index=True)
-    first = np.sort(first)
-    faces, classes, src = faces[first], classes[first], src[first]
-    # One output vertex per (cluster, class).
-    pair = faces * (classes_all.max() + 1) + classes[:, None]
-    uniq, inv = np.unique(pair.reshape(-1), return_inverse=True)
-    out = ObjMesh(points[uniq // (classes_all.max() + 1)], inv.reshape(-1, 3))
+    src = src[np.sort(first)]  # index of each kept face in the original mesh
+    faces, face_class = faces[src], classes[src]
+    pair, corner = np.unique((faces * n_classes + face_class[:, None]).reshape(-1), return_inverse=True)
+    out = ObjMesh(points[pair // n_classes], corner.reshape(-1, 3))
     if mesh.texcoords is not None:
-        cls_ids, first_face = np.unique(classes, return_index=True)
-        class_uv = np.zeros((classes_all.max() + 1, 2))
-        class_uv[cls_ids] = mesh.texcoords[mesh.face_texcoords[src[first_face]]].mean(axis=1)
+        # Any UV of a class's own faces points into that class's colour.
+        class_uv = np.zeros((n_classes, 2))
+        class_uv[classes] = mesh.texcoords[mesh.face_texcoords].mean(axis=1)
         out.texcoords = class_uv
-        out.face_texcoords = np.repeat(classes[:, None], 3, axis=1)
-    # Vertex clustering can fold a few thin faces over; turn them back to face the way
-    # their source face did (keeping them keeps the silhouette).
+        out.face_texcoords = np.repeat(face_class[:, None], 3, axis=1)
+    # Clustering folds a few thin faces over; turn them back the way their source faced
+    # (keeping them keeps the silhouette).
     n_out, _, _ = _face_planes(out.vertices, out.faces)
     n_src, _, _ = _face_planes(mesh.vertices, mesh.faces[src])
     folded = np.einsum("ij,ij->i", n_out, n_src) < 0

@@ -40,6 +40,9 @@ class SceneRenderer:
             raise ValueError(f"SceneRenderer: {self.width}x{self.height} does not keep camera "
                              f"{camera!r}'s aspect ratio ({cam_w}x{cam_h})")
         self._labels = np.concatenate([geom_labels(m), [0]])  # index -1 (background) -> 0
+        # The offscreen buffer size is read when a GL context is made: grow it if needed.
+        m.vis.global_.offwidth = max(m.vis.global_.offwidth, self.width)
+        m.vis.global_.offheight = max(m.vis.global_.offheight, self.height)
         self._renderer = mujoco.Renderer(m, self.height, self.width)
 
     def _data_or_default(self, data):
@@ -88,9 +91,3 @@ class SceneRenderer:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):  # a safety net only; close() explicitly
-        try:
-            self.close()
-        except Exception:
-            pass

@@ -111,8 +111,9 @@ def _set_options(s: mujoco.MjSpec, spec: SceneSpec) -> None:
     s.option.noslip_iterations = p.noslip_iterations
     s.visual.quality.offsamples = r.offsamples
     s.visual.quality.shadowsize = r.shadowsize
-    s.visual.global_.offwidth = r.max_width
-    s.visual.global_.offheight = r.max_height
+    # Offscreen buffer: big enough for every camera (SceneRenderer grows it on demand).
+    s.visual.global_.offwidth = max([640] + [c.width for c in spec.cameras])
+    s.visual.global_.offheight = max([480] + [c.height for c in spec.cameras])
     s.visual.headlight.ambient = r.headlight_ambient
     s.visual.headlight.diffuse = r.headlight_diffuse
     s.stat.extent = 2.0  # fixes znear/zfar (fractions of the extent) whatever the robot
@@ -283,16 +284,22 @@ class Scene:
         self.object_names = [o.name for o in self.spec.objects]
         self._object_qadr = {n: m.jnt_qposadr[m.joint(OBJECT_PREFIX + n).id] for n in self.object_names}
         self._object_dofadr = {n: m.jnt_dofadr[m.joint(OBJECT_PREFIX + n).id] for n in self.object_names}
+        self.scratch_data = mujoco.MjData(m)  # for IK and other what-ifs; never rendered
         self.reset()
 
     @property
     def control_dt(self) -> float:
         return self.model.opt.timestep * self.spec.physics.substeps
 
-    def reset(self, arm_qpos=None, gripper: float = 1.0, object_poses: dict | None = None) -> None:
-        """Back to the spec's initial state (or the given one), at rest, servos holding it."""
+    def reset(self, arm_qpos=None, gripper: float | None = None, object_poses: dict | None = None) -> None:
+        """Back to the spec's initial state (or the given one), at rest, servos holding it.
+
+        ``gripper`` is a command in [0, 1] (1 = open; default: the spec's init_gripper);
+        ``object_poses`` maps names to ``(pos, quat)`` or just ``pos``.
+        """
         mujoco.mj_resetData(self.model, self.data)
         q = self.spec.robot.init_qpos if arm_qpos is None else arm_qpos
+        gripper = self.spec.robot.init_gripper if gripper is None else gripper
         for o in self.spec.objects:
             z = o.pos[2] if len(o.pos) == 3 else o.half_height
             self._write_object(o.name, [o.pos[0], o.pos[1], z], yaw_quat(o.yaw))
