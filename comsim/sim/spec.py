@@ -96,7 +96,7 @@ class LightSpec:
 
 @dataclass
 class RenderSpec:
-    shadows: bool = False  # shadows cost ~10x at 128x128 (ENVIRONMENT.md)
+    shadows: bool = False  # master switch for lights[].castshadow; shadows cost ~10x at 128x128
     offsamples: int = 0  # multisampling off: faster, and segmentation stays exact
     shadowsize: int = 1024
     headlight_ambient: list[float] = field(default_factory=lambda: [0.3, 0.3, 0.3])
@@ -108,8 +108,8 @@ class PhysicsSpec:
     timestep: float = 0.002
     integrator: str = "implicitfast"  # Euler diverges with stiff position servos
     substeps: int = 10  # physics steps per control step (control_dt = timestep * substeps)
-    impratio: float = 10.0  # with elliptic cones: fingers hold without creeping
-    cone: str = "elliptic"
+    impratio: float = 10.0  # stiffer friction than normal force: grasps do not creep
+    cone: str = "elliptic"  # with pyramidal cones a carried cube falls out of the fingers
     noslip_iterations: int = 0
 
 
