@@ -1,0 +1,325 @@
+"""Camera calibration without a board: ``T_cam_from_base`` from robot silhouettes.
+
+Given K, joint angles and robot masks for a few frames (``frames.py`` loads them),
+``calibrate_camera``:
+
+1. searches coarsely (cross-entropy on a trimmed mean IoU at low resolution) around the
+   rough initial guess, or around the best of a grid of look-at viewpoints if none;
+2. refines with Gauss-Newton on silhouette contours (``pose_fit.refine_contour``);
+3. scores every image against every joint vector (the IoU matrix). A frame whose own
+   joint vector is clearly beaten by another frame's, or whose IoU is far below the
+   others', is flagged (joints read at another instant than the image: unsynchronized
+   capture) and the pose is refit on the trusted frames; this repeats until the
+   trusted set stops changing;
+4. refines once more at full resolution with the full meshes, and reports per-frame IoU
+   (own joints, all frames), the flagged frames with their best-matching joint vector,
+   each frame's best IoU with a camera pose of its own (how far it is from any common
+   pose), and, separately labelled, the mean IoU under the best one-to-one
+   re-association of images and joint vectors (Hungarian).
+
+``calibrate_folder`` writes ``calibration.json`` and overlays (each frame with the
+rendered silhouette's outline) when the fit converged; otherwise it writes
+``calibration_rejected.json`` with the best pose and IoU it found and says so.
+
+Also here: ``solve_pnp`` for users with 2D-3D point pairs, and
+``intrinsics_from_checkerboard`` for users without K.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from comsim.sim.camera import as_K, look_at
+from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
+from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, perturb, pose_error,
+                                  refine_contour, trimmed_mean)
+from comsim.twin.report import atomic_write_json, write_overlay
+from comsim.twin.silhouette import RobotSilhouette
+
+# A frame is "unsynchronized" when another frame's joint vector explains its mask better
+# than its own by this IoU margin at the fitted pose.
+SYNC_MARGIN = 0.05
+# ... or "poor fit" when its IoU is this far below the trusted frames' median.
+POOR_FIT_DROP = 0.15
+MIN_TRUSTED_IOU = 0.8  # mean IoU of the trusted frames for a calibration to count as converged
+
+
+def _sizes(width: int, height: int) -> dict[str, tuple[int, int]]:
+    """Image sizes for each stage: coarse (~160 wide), mid (~320), fine render (>= 512)."""
+    def at(target):
+        s = min(1.0, target / width)
+        return max(8, int(round(width * s / 2)) * 2), max(8, int(round(height * s / 2)) * 2)
+    f = max(1, int(round(512 / width)))
+    return {"coarse": at(160), "mid": at(320), "fine": (width * f, height * f), "image": (width, height)}
+
+
+def flag_frames(M: np.ndarray, trusted_hint=None) -> dict[int, dict]:
+    """Frames to distrust, from the IoU matrix M[i, j] (image i vs joint vector j)."""
+    n = len(M)
+    own = np.diag(M).copy()
+    flags = {}
+    for i in range(n):
+        others = [j for j in range(n) if j != i]
+        if not others:
+            break
+        j = max(others, key=lambda k: M[i, k])
+        if M[i, j] > own[i] + SYNC_MARGIN:
+            flags[i] = {"reason": "unsynchronized", "iou_own": float(own[i]), "best_joint_vector": int(j),
+                        "iou_best": float(M[i, j])}
+    rest = [i for i in range(n) if i not in flags]
+    if rest:
+        med = float(np.median(own[rest]))
+        for i in rest:
+            if own[i] < med - POOR_FIT_DROP:
+                flags[i] = {"reason": "poor_fit", "iou_own": float(own[i]), "best_joint_vector": int(np.argmax(M[i])),
+                            "iou_best": float(M[i].max())}
+    return flags
+
+
+def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float = 540.0, seed: int = 0,
+                     init_T: np.ndarray | None = None, log=print) -> dict:
+    """Fit T_cam_from_base to the frames; returns the result dict (see module docstring)."""
+    t_start = time.perf_counter()
+
+    def elapsed():
+        return time.perf_counter() - t_start
+
+    W, H = fr.size
+    sizes = _sizes(W, H)
+    targets = MaskTargets(fr.masks)
+    n = len(fr.names)
+    frames = list(range(n))
+    light = RobotSilhouette(robot, fr.K, W, H, visual="light")
+    full = RobotSilhouette(robot, fr.K, W, H, visual="full")
+    try:
+        fast = SilhouetteScorer(light, fr.joints, fr.fingers, targets)
+        exact = SilhouetteScorer(full, fr.joints, fr.fingers, targets)
+        T0 = init_T if init_T is not None else fr.init_T
+        if T0 is None:
+            T0 = viewpoint_search(fast, frames, sizes["coarse"])
+            log(f"[calibrate] no initial pose given; best look-at viewpoint {elapsed():.0f}s")
+        T, s = coarse_search(fast, T0, frames, sizes["coarse"], sigma_rot=0.15, sigma_trans=0.15, iters=12, pop=32,
+                             seed=seed)
+        T, s = coarse_search(fast, T, frames, sizes["coarse"], sigma_rot=0.05, sigma_trans=0.05, iters=10, pop=24,
+                             seed=seed + 1)
+        log(f"[calibrate] coarse search: trimmed mean IoU {s:.3f} ({elapsed():.0f}s)")
+        T, _ = refine_contour(fast, T, frames, sizes["mid"], scale_px=5.0, outer=12)
+        T, _ = refine_contour(fast, T, frames, sizes["mid"], scale_px=2.0, outer=8)
+
+        trusted, flags = frames, {}
+        for it in range(4):
+            M = fast.matrix(T, *sizes["mid"])
+            flags = flag_frames(M)
+            new = [i for i in frames if i not in flags] or frames
+            log(f"[calibrate] pass {it}: trusted frames {[fr.names[i] for i in new]} "
+                f"(mean IoU {np.diag(M)[new].mean():.3f}, {elapsed():.0f}s)")
+            if new == trusted and it > 0:
+                break
+            trusted = new
+            T, _ = refine_contour(fast, T, trusted, sizes["mid"], scale_px=2.0, outer=8)
+
+        if elapsed() < 0.6 * time_budget_s:  # the full-resolution, full-mesh polish
+            T, fine_log = refine_contour(exact, T, trusted, sizes["fine"], scale_px=1.5, outer=8)
+            final = exact
+        else:
+            fine_log, final = {"outer": [{"step_m": 1.0, "step_deg": 1.0}], "skipped": "time budget"}, fast
+        per_frame = final.per_frame(T, frames, W, H)
+        M = final.matrix(T, *sizes["mid"])
+        flags = flag_frames(M)  # final verdict at the final pose
+        trusted = [i for i in frames if i not in flags] or frames
+
+        own_pose = None
+        if elapsed() < 0.8 * time_budget_s:
+            own_pose = own_pose_fits(fast, T, frames, sizes["mid"])
+        rows, cols = linear_sum_assignment(-M)
+        last = fine_log["outer"][-1]
+        settled = last["step_m"] < 1e-3 and last["step_deg"] < 0.1
+        trusted_iou = float(per_frame[trusted].mean())
+        converged = bool(settled and trusted_iou >= MIN_TRUSTED_IOU and len(trusted) >= min(3, n))
+        result = {
+            "T_cam_from_base": T.tolist(),
+            "K": [[fr.K[0], 0.0, fr.K[2]], [0.0, fr.K[1], fr.K[3]], [0.0, 0.0, 1.0]],
+            "width": W, "height": H,
+            "dist": None if fr.dist is None else fr.dist.tolist(),
+            "frames": list(fr.names),
+            "per_frame_iou": {fr.names[i]: float(per_frame[i]) for i in frames},
+            "mean_iou": float(per_frame.mean()),
+            "mean_iou_trusted": trusted_iou,
+            "trusted_frames": [fr.names[i] for i in trusted],
+            "outlier_frames": [fr.names[i] for i in sorted(flags)],
+            "outliers": {fr.names[i]: {**f, "best_joint_vector": fr.names[f["best_joint_vector"]]}
+                         for i, f in sorted(flags.items())},
+            "iou_matrix": {"rows_images_cols_joint_vectors": M.round(4).tolist(), "size": list(sizes["mid"])},
+            "reassociated": {
+                "note": "diagnostic only: best one-to-one matching of images to joint vectors (Hungarian); "
+                        "NOT the calibration's IoU",
+                "joint_vector_for_image": {fr.names[r]: fr.names[c] for r, c in zip(rows, cols)},
+                "mean_iou": float(M[rows, cols].mean())},
+            "converged": converged,
+            "seconds": round(elapsed(), 1),
+        }
+        if own_pose is not None:
+            result["own_pose"] = {
+                "note": "each frame fitted with a camera pose of its own: the best IoU its own joints allow, "
+                        "and how far that pose is from the common one",
+                **{fr.names[i]: v for i, v in own_pose.items()}}
+        if not converged:
+            result["why_not_converged"] = (
+                f"trusted frames' mean IoU {trusted_iou:.3f} (needs >= {MIN_TRUSTED_IOU}), "
+                f"{len(trusted)} trusted frames, last refinement step {last['step_m'] * 1000:.2f} mm "
+                f"{last['step_deg']:.3f} deg")
+        return result
+    finally:
+        light.close()
+        full.close()
+
+
+def own_pose_fits(scorer: SilhouetteScorer, T: np.ndarray, frames, size) -> dict[int, dict]:
+    out = {}
+    for i in frames:
+        Ti, _ = refine_contour(scorer, T, [i], size, scale_px=2.0, outer=8)
+        d_m, d_deg = pose_error(Ti, T)
+        out[i] = {"iou": float(scorer.per_frame(Ti, [i], *size)[0]), "shift_m": round(d_m, 4),
+                  "shift_deg": round(d_deg, 3)}
+    return out
+
+
+def viewpoint_search(scorer: SilhouetteScorer, frames, size, target=(0.3, 0.0, 0.35)) -> np.ndarray:
+    """No initial guess: the best of a grid of upright look-at cameras around the robot."""
+    best, best_T = -1.0, None
+    for dist in (1.0, 1.5, 2.0, 2.6):
+        for elev in np.radians([5, 20, 35, 50]):
+            for azim in np.radians(np.arange(0, 360, 20)):
+                eye = np.asarray(target) + dist * np.array(
+                    [np.cos(elev) * np.cos(azim), np.cos(elev) * np.sin(azim), np.sin(elev)])
+                T = look_at(eye, target)
+                s = trimmed_mean(scorer.per_frame(T, frames, *size), 0.7)
+                if s > best:
+                    best, best_T = s, T
+    return best_T
+
+
+# ----------------------------------------------------------------- folder -> files
+
+
+def calibrate_folder(folder, robot: str = "panda", out=None, time_budget_s: float = 540.0, seed: int = 0,
+                     log=print) -> dict:
+    """``comsim twin calibrate``: load, fit, write ``calibration.json`` + overlays into ``out``."""
+    fr = load_calibration_folder(folder)
+    result = calibrate_camera(fr, robot=robot, time_budget_s=time_budget_s, seed=seed, log=log)
+    result["folder"] = str(Path(folder))
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        T = np.asarray(result["T_cam_from_base"])
+        with RobotSilhouette(robot, fr.K, *fr.size, visual="full") as sil:
+            sil.set_camera(T)
+            for i, name in enumerate(fr.names):
+                sil.set_joints(fr.joints[i], fr.fingers[i])
+                label = f"{name} IoU {result['per_frame_iou'][name]:.3f}"
+                if name in result["outliers"]:
+                    o = result["outliers"][name]
+                    label += f"  {o['reason']}: best joints {o['best_joint_vector']}"
+                write_overlay(out / "overlays" / f"{name}.png", fr.images[i], sil.mask(), fr.masks[i] > 0.5, label)
+        name = "calibration.json" if result["converged"] else "calibration_rejected.json"
+        atomic_write_json(result, out / name)
+        result["path"] = str(out / name)
+    return result
+
+
+def load_calibration(path) -> dict:
+    """A calibration.json: T_cam_from_base (4x4) and K (3x3) as arrays, checked."""
+    path = Path(path)
+    if not path.is_file():
+        raise CalibrationDataError(f"{path}: file not found")
+    d = json.loads(path.read_text())
+    for key in ("T_cam_from_base", "K"):
+        if key not in d:
+            raise CalibrationDataError(f"{path}: missing field {key!r}")
+    if d.get("converged") is False:
+        raise CalibrationDataError(f"{path}: this calibration did not converge ({d.get('why_not_converged')})")
+    d["T_cam_from_base"] = np.asarray(d["T_cam_from_base"], np.float64)
+    d["K"] = as_K(d["K"])
+    return d
+
+
+# ----------------------------------------------------------------- other paths to a pose
+
+
+def solve_pnp(points_2d, points_3d, K, dist=None, ransac: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """T_cam_from_base from 2D pixel / 3D base-frame point pairs (>= 4); returns (T, inlier indices)."""
+    p2 = np.asarray(points_2d, np.float64).reshape(-1, 2)
+    p3 = np.asarray(points_3d, np.float64).reshape(-1, 3)
+    if len(p2) != len(p3):
+        raise ValueError(f"solve_pnp: {len(p2)} image points but {len(p3)} 3D points")
+    if len(p2) < 4:
+        raise ValueError(f"solve_pnp: needs at least 4 point pairs, got {len(p2)}")
+    fx, fy, cx, cy = as_K(K)
+    Km = np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1]])
+    d = None if dist is None else np.asarray(dist, np.float64)
+    if ransac and len(p2) >= 6:
+        ok, rvec, tvec, inl = cv2.solvePnPRansac(p3, p2, Km, d, reprojectionError=3.0, iterationsCount=200,
+                                                 flags=cv2.SOLVEPNP_EPNP)
+        inliers = inl.reshape(-1) if ok and inl is not None else np.arange(len(p2))
+    else:
+        ok, rvec, tvec = cv2.solvePnP(p3, p2, Km, d, flags=cv2.SOLVEPNP_ITERATIVE if len(p2) >= 6
+                                      else cv2.SOLVEPNP_SQPNP)
+        inliers = np.arange(len(p2))
+    if not ok:
+        raise ValueError("solve_pnp: OpenCV found no pose for these points")
+    rvec, tvec = cv2.solvePnPRefineLM(p3[inliers], p2[inliers], Km, d, rvec, tvec)
+    T = np.eye(4)
+    T[:3, :3] = cv2.Rodrigues(rvec)[0]
+    T[:3, 3] = tvec.reshape(3)
+    return T, inliers
+
+
+def intrinsics_from_checkerboard(folder, inner_corners=None, square_size_m=None) -> tuple[np.ndarray, np.ndarray]:
+    """K (fx, fy, cx, cy) and OpenCV distortion from checkerboard images.
+
+    ``folder`` holds the images and, unless given here, ``board.json`` with
+    ``{"inner_corners": [cols, rows], "square_size_m": s}``.
+    """
+    folder = Path(folder)
+    meta = folder / "board.json"
+    if inner_corners is None or square_size_m is None:
+        if not meta.is_file():
+            raise CalibrationDataError(f"{meta}: file not found (inner_corners and square_size_m of the board)")
+        b = json.loads(meta.read_text())
+        try:
+            inner_corners, square_size_m = b["inner_corners"], b["square_size_m"]
+        except KeyError as e:
+            raise CalibrationDataError(f"{meta}: missing field {e}") from None
+    cols, rows = (int(v) for v in inner_corners)
+    grid = np.zeros((cols * rows, 3), np.float32)
+    grid[:, :2] = np.mgrid[0:cols, 0:rows].T.reshape(-1, 2) * float(square_size_m)
+    obj, img, size = [], [], None
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    for p in paths:
+        gray = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
+        if gray is None:
+            raise CalibrationDataError(f"{p}: not a readable image")
+        if size is not None and gray.shape[::-1] != size:
+            raise CalibrationDataError(f"{p}: {gray.shape[1]}x{gray.shape[0]}, other board images are {size[0]}x{size[1]}")
+        size = gray.shape[::-1]
+        ok, corners = cv2.findChessboardCorners(gray, (cols, rows))
+        if not ok:
+            continue
+        corners = cv2.cornerSubPix(gray, corners, (5, 5), (-1, -1),
+                                   (cv2.TERM_CRITERIA_EPS + cv2.TERM_CRITERIA_MAX_ITER, 50, 1e-4))
+        obj.append(grid)
+        img.append(corners)
+    if len(obj) < 3:
+        raise CalibrationDataError(f"{folder}: the {cols}x{rows} board was found in {len(obj)} of {len(paths)} "
+                                   "images; at least 3 are needed")
+    rms, Km, dist, _, _ = cv2.calibrateCamera(obj, img, size, None, None)
+    return np.array([Km[0, 0], Km[1, 1], Km[0, 2], Km[1, 2]]), dist.reshape(-1)
+
+
+__all__ = ["calibrate_camera", "calibrate_folder", "flag_frames", "intrinsics_from_checkerboard",
+           "load_calibration", "perturb", "solve_pnp"]

@@ -1,0 +1,281 @@
+"""Fit ``T_cam_from_base`` so that rendered robot silhouettes agree with observed masks.
+
+Two stages, both deterministic for a given seed:
+
+1. ``coarse_search``: a cross-entropy search over 6-dof pose perturbations that
+   maximizes a *trimmed* mean IoU (the worst frames do not vote) at a low resolution.
+   It needs no gradients and escapes the flat regions where masks barely overlap.
+2. ``refine_contour``: Gauss-Newton (Levenberg-Marquardt) on silhouette contours.
+   Render depth, take the rendered silhouette's boundary pixels as 3D points on the
+   robot, and move the camera so that those points project onto the observed mask's
+   boundary: the residual is the observed mask's signed distance (in pixels) at each
+   projected point. The signed distance comes from a soft mask upsampled before
+   thresholding, so the observed boundary is located to a fraction of a pixel, and the
+   solve sees thousands of points per frame: that is what sub-pixel (and sub-cm) poses
+   need, which IoU's staircase cannot give a local optimizer. A redescending robust
+   weight keeps parts that no pose explains (cables, a mislabelled finger, a frame whose
+   joints were read at another instant) from pulling the pose.
+
+Pose perturbations act on the camera side: ``T = [R(w) | v] @ T0`` with ``w``, ``v`` in
+the camera frame (x right, y down, z forward), so rotations mostly shift the image and
+translations mostly change parallax and scale.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from comsim.twin.silhouette import RobotSilhouette
+
+
+def perturb(T0: np.ndarray, delta, pivot=None) -> np.ndarray:
+    """``[R(rotvec) | v] @ T0`` with delta = (rx, ry, rz, vx, vy, vz), camera frame.
+
+    With ``pivot`` (a camera-frame point, e.g. the robot's centre) the rotation turns the
+    scene about that point instead of the camera centre: the big moves a coarse search
+    needs (orbiting the robot) are then single coordinates, not rotation + translation.
+    """
+    d = np.asarray(delta, np.float64)
+    D = np.eye(4)
+    R = Rotation.from_rotvec(d[:3]).as_matrix()
+    D[:3, :3] = R
+    D[:3, 3] = d[3:] if pivot is None else d[3:] + np.asarray(pivot) - R @ np.asarray(pivot)
+    return D @ T0
+
+
+def pose_error(T_a: np.ndarray, T_b: np.ndarray) -> tuple[float, float]:
+    """(metres, degrees) between two camera poses: camera centres and relative rotation."""
+    c_a = -T_a[:3, :3].T @ T_a[:3, 3]
+    c_b = -T_b[:3, :3].T @ T_b[:3, 3]
+    R = T_a[:3, :3] @ T_b[:3, :3].T
+    ang = np.degrees(np.arccos(np.clip((np.trace(R) - 1) / 2, -1.0, 1.0)))
+    return float(np.linalg.norm(c_a - c_b)), float(ang)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 1.0
+
+
+def trimmed_mean(x, keep: float) -> float:
+    """Mean of the best ``keep`` fraction (at least one value)."""
+    x = np.sort(np.asarray(x, np.float64))[::-1]
+    return float(x[:max(1, int(round(keep * len(x))))].mean())
+
+
+# ----------------------------------------------------------------- observations
+
+
+@dataclass
+class MaskTargets:
+    """Observed masks prepared for fitting: binary masks per size, signed distances.
+
+    ``soft`` are float masks (N, H, W) in [0, 1] at the calibration image size; a soft
+    boundary (blurred, anti-aliased, or undistorted with interpolation) is kept as
+    sub-pixel information by the signed distance maps.
+    """
+    soft: np.ndarray
+
+    def __post_init__(self):
+        self.soft = np.asarray(self.soft, np.float32)
+        self._binary: dict[tuple[int, int], np.ndarray] = {}
+        self._sdf: dict[int, tuple] = {}
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.soft.shape[2], self.soft.shape[1]
+
+    def binary(self, w: int, h: int) -> np.ndarray:
+        if (w, h) not in self._binary:
+            if (w, h) == self.size:
+                self._binary[(w, h)] = self.soft > 0.5
+            else:
+                self._binary[(w, h)] = np.stack([cv2.resize(m, (w, h), interpolation=cv2.INTER_AREA) > 0.5
+                                                 for m in self.soft])
+        return self._binary[(w, h)]
+
+    def sdf(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Signed distance of mask ``i`` in image pixels (> 0 outside), its gradient, and
+        the upsampling factor ``f`` of the maps (sample them at ``f * (u + 0.5) - 0.5``)."""
+        if i not in self._sdf:
+            H, W = self.soft.shape[1:]
+            f = int(max(1, 1024 // max(W, H)))
+            up = self.soft[i] if f == 1 else cv2.resize(self.soft[i], (W * f, H * f), interpolation=cv2.INTER_LINEAR)
+            inside = (up > 0.5).astype(np.uint8)
+            d_out = cv2.distanceTransform(1 - inside, cv2.DIST_L2, cv2.DIST_MASK_PRECISE)  # outside: to the mask
+            d_in = cv2.distanceTransform(inside, cv2.DIST_L2, cv2.DIST_MASK_PRECISE)  # inside: to the outside
+            # Pixel centres either side of an edge are half a (fine) pixel from it.
+            sdf = np.where(inside > 0, -(d_in - 0.5), d_out - 0.5) / f
+            gy, gx = np.gradient(sdf)
+            self._sdf[i] = (sdf.astype(np.float32), (gx * f).astype(np.float32), (gy * f).astype(np.float32), f)
+        return self._sdf[i]
+
+
+def _bilinear(img: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return cv2.remap(img, x.astype(np.float32)[None], y.astype(np.float32)[None], cv2.INTER_LINEAR,
+                     borderMode=cv2.BORDER_REPLICATE)[0]
+
+
+# ----------------------------------------------------------------- scoring
+
+
+class SilhouetteScorer:
+    """IoU of rendered silhouettes against observed masks, per frame, at a chosen size."""
+
+    def __init__(self, sil: RobotSilhouette, joints: np.ndarray, fingers: np.ndarray, targets: MaskTargets):
+        self.sil, self.joints, self.fingers, self.targets = sil, joints, fingers, targets
+
+    def render(self, T: np.ndarray, j: int, w: int, h: int) -> np.ndarray:
+        self.sil.set_camera(T)
+        self.sil.set_joints(self.joints[j], self.fingers[j])
+        return self.sil.mask(w, h)
+
+    def per_frame(self, T: np.ndarray, frames, w: int, h: int) -> np.ndarray:
+        obs = self.targets.binary(w, h)
+        return np.array([iou(self.render(T, i, w, h), obs[i]) for i in frames])
+
+    def matrix(self, T: np.ndarray, w: int, h: int) -> np.ndarray:
+        """IoU[i, j]: image i's mask against the silhouette at joint vector j."""
+        obs = self.targets.binary(w, h)
+        n = len(self.joints)
+        out = np.zeros((n, n))
+        for j in range(n):
+            m = self.render(T, j, w, h)
+            for i in range(n):
+                out[i, j] = iou(m, obs[i])
+        return out
+
+
+# ----------------------------------------------------------------- stage 1: coarse search
+
+
+def coarse_search(scorer: SilhouetteScorer, T0: np.ndarray, frames, size: tuple[int, int],
+                  sigma_rot: float = 0.08, sigma_trans: float = 0.08, iters: int = 10, pop: int = 24,
+                  elite: int = 6, keep: float = 0.7, seed: int = 0,
+                  pivot_base=(0.3, 0.0, 0.4)) -> tuple[np.ndarray, float]:
+    """Cross-entropy search around T0; returns the best pose and its trimmed mean IoU."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+
+    def score(T):
+        return trimmed_mean(scorer.per_frame(T, frames, w, h), keep)
+
+    pivot = T0[:3, :3] @ np.asarray(pivot_base) + T0[:3, 3]
+    mean = np.zeros(6)
+    std = np.array([sigma_rot] * 3 + [sigma_trans] * 3)
+    best_T, best = T0, score(T0)
+    for _ in range(iters):
+        deltas = mean + std * rng.standard_normal((pop, 6))
+        deltas[0] = mean
+        scores = np.array([score(perturb(T0, d, pivot)) for d in deltas])
+        order = np.argsort(-scores)
+        if scores[order[0]] > best:
+            best, best_T = float(scores[order[0]]), perturb(T0, deltas[order[0]], pivot)
+        el = deltas[order[:elite]]
+        mean = el.mean(0)
+        std = np.maximum(el.std(0), [2e-3] * 3 + [2e-3] * 3)  # keep exploring a little
+    return best_T, best
+
+
+# ----------------------------------------------------------------- stage 2: contour refinement
+
+
+def _contour_points(scorer: SilhouetteScorer, T: np.ndarray, frame: int, w: int, h: int) -> np.ndarray:
+    """Base-frame 3D points under the rendered silhouette's boundary pixels (N, 3)."""
+    sil = scorer.sil
+    sil.set_camera(T)
+    sil.set_joints(scorer.joints[frame], scorer.fingers[frame])
+    depth = sil.depth(w, h)
+    inside = np.isfinite(depth).astype(np.uint8)
+    eroded = cv2.erode(inside, np.array([[0, 1, 0], [1, 1, 1], [0, 1, 0]], np.uint8), borderType=cv2.BORDER_REPLICATE)
+    edge = (inside > 0) & (eroded == 0)
+    edge[:2], edge[-2:], edge[:, :2], edge[:, -2:] = False, False, False, False  # image border is no silhouette edge
+    v, u = np.nonzero(edge)
+    z = depth[v, u].astype(np.float64)
+    fx, fy, cx, cy = sil.K_at(w, h)
+    Xc = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], 1)
+    R, t = T[:3, :3], T[:3, 3]
+    return (Xc - t) @ R  # R^T (Xc - t)
+
+
+def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size: tuple[int, int],
+                   outer: int = 6, inner: int = 8, scale_px: float = 2.0,
+                   frame_weights=None) -> tuple[np.ndarray, dict]:
+    """Levenberg-Marquardt on contour signed distances; returns the pose and a log.
+
+    ``render_size`` sets how finely contours are sampled (it may exceed the mask size:
+    the boundary is then located to a fraction of an observed pixel). ``scale_px`` is the
+    robust scale: residuals much larger than it are mostly ignored (Geman-McClure).
+    """
+    W, H = scorer.targets.size
+    fx, fy, cx, cy = scorer.sil.K_at(W, H)
+    rw, rh = render_size
+    # Rendered contour pixels are half a render pixel inside the rendered boundary.
+    bias = 0.5 * W / rw
+    T = T0.copy()
+    log = {"outer": []}
+    fw = np.ones(len(frames)) if frame_weights is None else np.asarray(frame_weights, np.float64)
+    for _ in range(outer):
+        pts, ids = [], []
+        for k, i in enumerate(frames):
+            P = _contour_points(scorer, T, i, rw, rh)
+            pts.append(P)
+            ids.append(np.full(len(P), k))
+        P = np.concatenate(pts)
+        ids = np.concatenate(ids)
+        counts = np.bincount(ids, minlength=len(frames)).astype(np.float64)
+        norm = fw[ids] / np.maximum(counts[ids], 1.0)  # each frame votes equally
+
+        def residuals(Tc):
+            Xc = P @ Tc[:3, :3].T + Tc[:3, 3]
+            z = Xc[:, 2]
+            u, v = fx * Xc[:, 0] / z + cx, fy * Xc[:, 1] / z + cy
+            r = np.empty(len(P))
+            gu, gv = np.empty(len(P)), np.empty(len(P))
+            for k, i in enumerate(frames):
+                sel = ids == k
+                sdf, gx, gy, f = scorer.targets.sdf(i)
+                xs, ys = f * (u[sel] + 0.5) - 0.5, f * (v[sel] + 0.5) - 0.5
+                r[sel] = _bilinear(sdf, xs, ys) + bias
+                gu[sel], gv[sel] = _bilinear(gx, xs, ys), _bilinear(gy, xs, ys)
+            return r, gu, gv, Xc
+
+        def cost(r):
+            return float(np.sum(norm * scale_px**2 * np.log1p((r / scale_px) ** 2)))
+
+        lam = 1e-3
+        r, gu, gv, Xc = residuals(T)
+        c0 = cost(r)
+        start = T.copy()
+        for _ in range(inner):
+            X, Y, Z = Xc[:, 0], Xc[:, 1], Xc[:, 2]
+            # d(u,v)/dXc, then dXc/d(w, v) = [-[Xc]x | I] for Xc' = R(w) Xc + v.
+            du = np.stack([fx / Z, np.zeros_like(Z), -fx * X / Z**2], 1)
+            dv = np.stack([np.zeros_like(Z), fy / Z, -fy * Y / Z**2], 1)
+            dX = gu[:, None] * du + gv[:, None] * dv  # d r / d Xc
+            J = np.concatenate([np.cross(Xc, dX), dX], 1)  # d r / d(w) = Xc x dX
+            wts = norm / (1.0 + (r / scale_px) ** 2)
+            A = (J * wts[:, None]).T @ J
+            b = -(J * wts[:, None]).T @ r
+            improved = False
+            for _ in range(6):
+                delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), b)
+                Tn = perturb(T, delta)
+                rn, gun, gvn, Xcn = residuals(Tn)
+                cn = cost(rn)
+                if cn < c0:
+                    T, r, gu, gv, Xc, c0 = Tn, rn, gun, gvn, Xcn, cn
+                    lam = max(lam / 3, 1e-6)
+                    improved = True
+                    break
+                lam *= 4
+            if not improved or np.abs(delta).max() < 1e-6:
+                break
+        step = pose_error(T, start)
+        log["outer"].append({"points": int(len(P)), "cost": c0, "step_m": step[0], "step_deg": step[1]})
+        if step[0] < 2e-5 and step[1] < 2e-3:
+            break
+    return T, log
