@@ -1,0 +1,3 @@
+from comsim.report.html import Report
+
+__all__ = ["Report"]
