@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True)
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--cell", default=None, help="lab cell YAML (default: the built-in lab)")
-    r.add_argument("--fps", type=int, default=10)
+    r.add_argument("--fps", type=int, default=None, help="frames/s (default: the cell's, 10)")
     r.add_argument("--no-resume", action="store_true", help="refuse to continue an interrupted recording")
     r.set_defaults(func=_lab_record)
 

@@ -3,6 +3,10 @@
 Applied in this order, as in a real pipeline: lens (radial distortion, optical blur,
 vignetting) -> sensor (white balance gain, noise) -> ISP (gamma-ish tone) -> codec
 (JPEG-style compression). Every effect is seeded so a lab episode is reproducible.
+
+Barrel distortion pulls content from outside the pinhole frame into the image corners, so
+the clean render may be larger than the output (``render_K`` at ``render_size``: the same
+camera with a margin); without one the corners are filled by replicating the border.
 """
 from __future__ import annotations
 
@@ -30,12 +34,13 @@ def distortion_coeffs(look: SensorLook) -> np.ndarray:
     return np.array([look.radial_k1, look.radial_k2, 0.0, 0.0, 0.0], np.float64)
 
 
-def _distortion_maps(K: np.ndarray, dist: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+def _distortion_maps(K: np.ndarray, dist: np.ndarray, h: int, w: int,
+                     render_K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # For each pixel of the distorted (real-looking) image, the pixel of the clean pinhole render
-    # it shows: undistort the pixel's coordinates, then project with K.
+    # it shows: undistort the pixel's coordinates, then project with the render's K.
     ys, xs = np.mgrid[0:h, 0:w].astype(np.float64)
     pts = np.stack([xs.ravel(), ys.ravel()], -1)[:, None, :]
-    und = cv2.undistortPoints(pts, K, dist, P=K).reshape(h, w, 2)
+    und = cv2.undistortPoints(pts, K, dist, P=render_K).reshape(h, w, 2)
     return und[..., 0].astype(np.float32), und[..., 1].astype(np.float32)
 
 
@@ -45,20 +50,55 @@ def _vignette(h: int, w: int, strength: float) -> np.ndarray:
     return (1 - strength * np.clip(r2 / 2, 0, 1))[..., None].astype(np.float32)
 
 
-class SensorModel:
-    """Apply a SensorLook to uint8 frames; precomputes maps for a given size."""
+def as_K3(K) -> np.ndarray:
+    """3x3 K from (fx, fy, cx, cy) or a 3x3 matrix."""
+    a = np.asarray(K, np.float64)
+    if a.shape == (3, 3):
+        return a
+    fx, fy, cx, cy = a
+    return np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], np.float64)
 
-    def __init__(self, look: SensorLook, K: np.ndarray, height: int, width: int):
+
+class SensorModel:
+    """Apply a SensorLook to uint8 frames; precomputes maps for a given size.
+
+    ``K`` (3x3 or fx, fy, cx, cy) and ``height`` x ``width`` describe the output camera;
+    frames passed in are clean pinhole renders with ``render_K`` at ``render_size``
+    (width, height), by default the output camera itself.
+    """
+
+    def __init__(self, look: SensorLook, K, height: int, width: int, render_K=None,
+                 render_size: tuple[int, int] | None = None):
         self.look = look
-        self.K = np.asarray(K, np.float64)
+        self.K = as_K3(K)
+        self.render_K = self.K if render_K is None else as_K3(render_K)
+        self.render_size = (width, height) if render_size is None else tuple(render_size)
+        self.size = (width, height)
         self.dist = distortion_coeffs(look)
-        self.map_x, self.map_y = _distortion_maps(self.K, self.dist, height, width)
+        self.map_x, self.map_y = _distortion_maps(self.K, self.dist, height, width, self.render_K)
         self.vignette = _vignette(height, width, look.vignetting)
         self.wb = np.asarray(look.white_balance, np.float32)
 
+    def _check(self, frame: np.ndarray) -> None:
+        if (frame.shape[1], frame.shape[0]) != self.render_size:
+            raise ValueError(f"SensorModel: expected a {self.render_size[0]}x{self.render_size[1]} render, "
+                             f"got {frame.shape[1]}x{frame.shape[0]}")
+
+    def warp(self, frame: np.ndarray) -> np.ndarray:
+        """Lens distortion only (bilinear): the geometry the camera records."""
+        self._check(frame)
+        return cv2.remap(frame, self.map_x, self.map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+
+    def warp_labels(self, labels: np.ndarray) -> np.ndarray:
+        """Lens distortion of a label image (nearest neighbour, labels stay labels)."""
+        self._check(labels)
+        out = cv2.remap(labels.astype(np.float32), self.map_x, self.map_y, cv2.INTER_NEAREST,
+                        borderMode=cv2.BORDER_REPLICATE)
+        return out.astype(labels.dtype)
+
     def __call__(self, frame: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         lk = self.look
-        img = cv2.remap(frame, self.map_x, self.map_y, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        img = self.warp(frame)
         if lk.blur_sigma_px > 0:
             img = cv2.GaussianBlur(img, (0, 0), lk.blur_sigma_px)
         x = img.astype(np.float32) * self.vignette * self.wb
@@ -72,7 +112,7 @@ class SensorModel:
         return out
 
     def distort_points(self, uv: np.ndarray) -> np.ndarray:
-        """Where clean (pinhole) pixel coordinates land in the distorted image."""
+        """Where pinhole pixel coordinates of camera ``K`` (e.g. ``project_points``) land in the image."""
         uv = np.asarray(uv, np.float64).reshape(-1, 2)
         xn = cv2.undistortPoints(uv[:, None, :], self.K, None).reshape(-1, 2)  # K^-1 only
         obj = np.concatenate([xn, np.ones((len(xn), 1))], 1)

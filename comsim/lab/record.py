@@ -1,0 +1,138 @@
+"""`comsim lab record`: scripted teleoperation in the lab, saved as a LeRobotDataset.
+
+Each episode runs the closed-loop ``LabEnv`` with the ``ScriptedTeleoperator``: frame k
+stores the observation (image, state) and the action the operator then sent; the success
+flag is the task predicate on the state after the last action. Episode k's seed depends
+only on (seed, k), so an interrupted recording resumed later produces exactly the
+episodes an uninterrupted one would have.
+
+Crash safety: an episode's hidden truth is written first, then the episode is staged by
+``DatasetWriter.add_episode`` (an atomic rename); a kill at any moment leaves only whole
+staged episodes, which a rerun with the same arguments keeps. ``lab_truth.json`` says
+``"complete": true`` only once the dataset is closed.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from comsim.episode import Episode, Provenance
+from comsim.io.lerobot import DatasetWriter
+from comsim.lab.cell import LabCell, load_lab_cell
+from comsim.lab.env import OPERATOR_STREAM, LabEnv
+from comsim.lab.tasks import make_task
+from comsim.lab.teleop import ScriptedTeleoperator
+from comsim.lab.truth import (INTRINSICS_FILE, TRUTH_FILE, camera_intrinsics, episode_summary,
+                              read_episode_truth, truth_header, write_episode_truth, write_json)
+
+RESUME_KEYS = ("task", "seed", "fps", "cell_hash")  # must match to continue a recording
+
+
+def episode_seed(seed: int, index: int) -> int:
+    """Seed of episode ``index`` of a recording started with ``seed`` (independent streams)."""
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
+
+
+def record_episode(env: LabEnv, seed: int) -> tuple[Episode, dict[str, np.ndarray]]:
+    """One scripted demonstration: the Episode and its hidden per-frame truth."""
+    obs = env.reset(seed)
+    operator = ScriptedTeleoperator(env, np.random.default_rng([seed, OPERATOR_STREAM]))
+    names = env.scene.object_names
+    images, states, actions, obj_pos, obj_quat, tcp = [], [], [], [], [], []
+    for action in operator.demonstrate():
+        truth = env.truth()
+        images.append(obs["image"])
+        states.append(obs["state"])
+        actions.append(action)
+        obj_pos.append([truth.object_pos[n] for n in names])
+        obj_quat.append([truth.object_quat[n] for n in names])
+        tcp.append(env.scene.tcp_pose()[0])
+        obs, success, done = env.step(action)
+        if done:
+            break
+    final = env.truth()
+    success = env.task.success(final)
+    cell_hash = env.cell.hash()
+    ep = Episode(frames={env.cell.camera: np.stack(images)}, action=np.stack(actions), state=np.stack(states),
+                 fps=env.fps, task=env.task.instruction, success=success,
+                 provenance=Provenance(source="lab", task=env.task_name, seed=seed, twin_spec_hash=None,
+                                       extra={"cell_hash": cell_hash}))
+    truth = {
+        "seed": np.int64(seed), "success": np.bool_(success), "object_names": np.array(names),
+        "object_pos": np.array(obj_pos), "object_quat": np.array(obj_quat), "tcp_pos": np.array(tcp),
+        "gripper_width": ep.state[:, 7].astype(np.float64),
+        "final_object_pos": np.array([final.object_pos[n] for n in names]),
+        "final_object_quat": np.array([final.object_quat[n] for n in names]),
+        "final_gripper_width": np.float64(final.gripper_width),
+        "final_touching_robot": np.array([final.touching_robot[n] for n in names]),
+        "operator_speed": np.float64(operator.style.speed),
+        "operator_events": np.array([f"{k}: {what}" for k, what in operator.events], dtype=str),
+    }
+    return ep, truth
+
+
+def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
+                   cell: LabCell | str | Path | None = None, fps: int | None = None,
+                   resume: bool = True) -> Path:
+    """Record ``episodes`` scripted demonstrations of ``task`` into the LeRobotDataset ``out``.
+
+    ``cell``: a LabCell or a lab cell YAML (default: configs/lab/default.yaml); ``fps``:
+    default the cell's. With ``resume`` (default), an interrupted recording in ``out`` is
+    continued; without it ``out`` must be empty. Returns ``out``.
+    """
+    cell = cell if isinstance(cell, LabCell) else load_lab_cell(cell)
+    task_obj = make_task(task, cell)  # unknown task: fails before anything touches the disk
+    if episodes < 1:
+        raise ValueError(f"episodes: expected at least 1, got {episodes}")
+    fps = int(fps or cell.fps)
+    out = Path(out)
+    header = truth_header(cell, task_obj, seed, fps)
+    _check_resumable(out, header)
+
+    writer = DatasetWriter(out, fps, resume=resume)
+    info = out / "meta" / "info.json"
+    if info.is_file():  # closed before
+        total = json.loads(info.read_text())["total_episodes"]
+        if total != episodes:
+            raise ValueError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
+                             "appending is not supported, record into a new folder")
+        _write_final_truth(out, header, episodes)
+        return out
+    beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
+    if beyond:
+        raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
+                         f"rerun with --episodes {max(beyond) + 1} or use a new folder")
+
+    write_json(camera_intrinsics(cell), out / INTRINSICS_FILE)
+    write_json(header, out / TRUTH_FILE)
+    todo = [i for i in range(episodes) if i not in writer.finished_episodes]
+    if todo:
+        with LabEnv(cell, task, fps) as env:
+            for i in tqdm(todo, desc=f"lab {task}", unit="episode"):
+                ep, truth = record_episode(env, episode_seed(seed, i))
+                write_episode_truth(out, i, truth)  # first: a staged episode always has its truth
+                writer.add_episode(ep, episode_index=i)
+    writer.close()
+    _write_final_truth(out, header, episodes)
+    return out
+
+
+def _check_resumable(out: Path, header: dict) -> None:
+    path = out / TRUTH_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
+    if diff:
+        was = {k: old.get(k) for k in diff}
+        now = {k: header[k] for k in diff}
+        raise ValueError(f"{out}: was recorded with {was}, now asked for {now}; "
+                         "resume with the same task, seed, fps and cell, or use a new folder")
+
+
+def _write_final_truth(out: Path, header: dict, episodes: int) -> None:
+    summaries = [episode_summary(i, read_episode_truth(out, i)) for i in range(episodes)]
+    write_json({**header, "complete": True, "episodes": summaries}, out / TRUTH_FILE)
