@@ -1,7 +1,7 @@
 """Render throughput of the twin cell (frames/s), one renderer in this process.
 
-Each case is a function returning {"name": fps}; add cases to CASES (e.g. the lab's
-shadowed rendering). The robot moves between frames so the scene is re-posed each
+Each case is a function returning {"name": fps}; add cases to CASES. ``lab_*``: the lab
+camera with shadows on (2 shadow-casting lights, 1024 shadow map) at 128x128. The robot moves between frames so the scene is re-posed each
 time, as in a replay. Prints ONE JSON object as its last line.
 
     MUJOCO_GL=egl python bench/render.py [--frames 300] [--config configs/twin/panda_cell.yaml]
@@ -51,7 +51,30 @@ def twin_cases(config: Path, frames: int) -> dict[str, float]:
     }
 
 
-CASES = [twin_cases]
+def lab_cases(config: Path, frames: int) -> dict[str, float]:
+    """The lab's camera at 128x128 with shadows on (its own cell, not ``config``): the
+    shadowed render alone, and the full observation (render + lens + sensor + JPEG)."""
+    from comsim.lab import LabEnv
+
+    n = max(frames // 3, 30)  # shadows cost ~10x
+    with LabEnv(task="push") as env:
+        scene, cam = env.scene, env.camera
+        assert env.cell.scene.render.shadows and cam.width == cam.height == 128
+        q0 = np.asarray(env.cell.scene.robot.init_qpos)
+        rng = np.random.default_rng(0)
+        out = {}
+        for name, draw in (("lab_shadows_128_fps", cam.clean), ("lab_observation_128_fps", lambda: cam.rgb(rng))):
+            for _ in range(5):
+                draw()
+            t0 = time.perf_counter()
+            for i in range(n):
+                scene.set_robot_qpos(q0 + 0.3 * np.sin(0.05 * i), 0.08)
+                draw()
+            out[name] = n / (time.perf_counter() - t0)
+    return out
+
+
+CASES = [twin_cases, lab_cases]
 
 
 def main(argv=None) -> dict:

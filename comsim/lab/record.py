@@ -90,9 +90,8 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     fps = int(fps or cell.fps)
     out = Path(out)
     header = truth_header(cell, task_obj, seed, fps)
+    writer = DatasetWriter(out, fps, resume=resume)  # without resume: refuses a non-empty folder
     _check_resumable(out, header)
-
-    writer = DatasetWriter(out, fps, resume=resume)
     info = out / "meta" / "info.json"
     if info.is_file():  # closed before
         total = json.loads(info.read_text())["total_episodes"]

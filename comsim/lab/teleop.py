@@ -26,7 +26,7 @@ from comsim.sim.ik import solve_ik, top_down_quat
 PUSH_Z = 0.022  # TCP height while pushing: fingertips ~1 cm above the table, mid-cube contact
 FINGER_HALF_THICKNESS = 0.0105  # closed fingers, measured along the push direction
 HOVER = 0.10  # above an object before descending
-MAX_PUSH_STEP = 0.01  # m per frame the hand may move while pushing (x speed factor)
+MAX_PUSH_SPEED = 0.1  # m/s the hand may move while pushing (x the episode's speed factor)
 MAX_ROTATION_SPEED = 2.0  # rad/s of wrist yaw
 STEER_UNTIL = 0.05  # m from the goal: steer towards it until then, then hold the direction
 MAX_PUSH_LATERAL = 0.03  # m off the pushing line: the cube has slid off the fingers
@@ -234,7 +234,7 @@ class ScriptedTeleoperator:
         Returns "done" (close enough), "lost" (the cube slid off the hand) or "timeout".
         """
         s = self.style
-        max_step = MAX_PUSH_STEP * s.speed
+        max_step = MAX_PUSH_SPEED * s.speed * self.dt
         self.noise_gain = 0.2
         d = None
         for _ in range(round(6.0 / self.dt)):
