@@ -152,6 +152,12 @@ class ScriptedTeleoperator:
     def _pause(self) -> Iterator[np.ndarray]:
         yield from self._hold(self.rng.uniform(*self.habits.pause_s))
 
+    def _withdraw(self, grip: float) -> Iterator[np.ndarray]:
+        """Lift off, then pull back towards the base and open: the result stays in view."""
+        yield from self._move(self.pos + [0, 0, 0.05], grip=grip, speed=0.5, noise=0.4, min_s=0.3)
+        yield from self._move(np.r_[0.75 * self.pos[:2], 0.25], grip=1.0, noise=0.8)
+        yield from self._hold(0.2)
+
     def _aim_error(self) -> np.ndarray:
         a = self.rng.uniform(0, 2 * np.pi)
         return self.style.aim_error * np.array([np.cos(a), np.sin(a), 0.0])
@@ -190,8 +196,7 @@ class ScriptedTeleoperator:
         place_z = base[2] + half[cfg.base] + half[cfg.top] + 0.004 - offset_z
         yield from self._move(np.r_[self.pos[:2], place_z], speed=0.4, noise=0.15)
         yield from self._hold(self.rng.uniform(0.4, 0.6), grip=1.0)  # release
-        yield from self._move(self.pos + [0, 0, 0.12], speed=0.7, noise=0.6)
-        yield from self._hold(0.3)
+        yield from self._withdraw(grip=1.0)
 
     # ------------------------------------------------------------ push
 
@@ -224,9 +229,7 @@ class ScriptedTeleoperator:
             if outcome == "done":
                 break
             yield from self._move(self.pos + [0, 0, 0.08], speed=0.7, noise=0.5)  # lift off and retry
-        back = -0.05 * _unit(goal - self.pos[:2])  # out of the camera's way: the result is in view
-        yield from self._move(self.pos + np.r_[back, 0.14], speed=0.7, noise=0.6, grip=0.0)
-        yield from self._hold(0.3, grip=1.0)
+        yield from self._withdraw(grip=0.0)
 
     def _push_stroke(self, cube_name: str, goal: np.ndarray, contact: float):
         """Keep the hand just behind the cube on its line to the goal and lean in; steer each frame.
