@@ -33,6 +33,40 @@ def _twin_replay(a):
                          calibration=Path(a.calibration) if a.calibration else None))
 
 
+def _generate(a):
+    from comsim.factory.generate import generate_dataset
+
+    if a.dry_run:
+        from comsim.factory.expert import prepare_setup, robot_only_scene
+        from comsim.factory.layout import episode_seed
+        from comsim.factory.program import load_program
+
+        program = load_program(a.task)
+        robot = robot_only_scene(program)
+        for k in range(8):
+            prepare_setup(program, episode_seed(a.seed, k), a.split, robot)
+        print(json.dumps({"task": program.name, "file": str(program.path), "ok": True,
+                          "steps": [s.primitive for s in program.steps], "objects": list(program.objects),
+                          "targets": list(program.targets), "splits": sorted(program.layout)}))
+        return
+    if not a.out:
+        raise ValueError("--out is required (unless --dry-run)")
+    report = generate_dataset(a.task, a.episodes, Path(a.out), workers=a.workers, seed=a.seed, split=a.split,
+                              only_success=a.only_success, max_attempts=a.max_attempts, controls=a.controls,
+                              progress=not a.no_progress)
+    print(json.dumps(report))
+
+
+def _convert(a):
+    from comsim.convert import convert_dataset
+
+    report = convert_dataset(Path(a.model), Path(a.input), Path(a.output), w_action=a.w_action, w_sim=a.w_sim,
+                             steps=a.steps, strength=a.strength, seed=a.seed, workers=a.workers,
+                             num_shards=a.num_shards, shard_index=a.shard_index, device=a.device,
+                             threads=a.threads, progress=not a.no_progress)
+    print(json.dumps(report))
+
+
 def _demo(a):
     from comsim.demo import run_demo
 
@@ -69,6 +103,42 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--mode", choices=["physics", "kinematic"], default="physics")
     rp.add_argument("--calibration", default=None, help="calibration.json (default: align from the data)")
     rp.set_defaults(func=_twin_replay)
+
+    g = sub.add_parser("generate", help="scripted experts -> a LeRobotDataset of simulated episodes")
+    g.add_argument("--task", required=True, help="built-in task name (configs/tasks/NAME.yaml) or a task YAML")
+    g.add_argument("--episodes", type=int, default=10)
+    g.add_argument("--out", default=None, help="dataset folder (resumed if it holds a partial run)")
+    g.add_argument("--workers", type=int, default=1, help="parallel processes")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--split", choices=["id", "ood"], default="id",
+                   help="object poses from layout.in_distribution or layout.out_of_distribution")
+    g.add_argument("--only-success", action="store_true",
+                   help="retry failed episodes with new seeds (counted) instead of keeping them flagged")
+    g.add_argument("--max-attempts", type=int, default=10, help="attempts per episode with --only-success")
+    g.add_argument("--controls", nargs="*", default=[], choices=["seg", "depth"],
+                   help="also record <cam>_sim_seg / <cam>_sim_depth control videos")
+    g.add_argument("--dry-run", action="store_true", help="check the task file (and IK on 8 layouts), write nothing")
+    g.add_argument("--no-progress", action="store_true")
+    g.set_defaults(func=_generate)
+
+    cv = sub.add_parser("convert", help="translate a sim dataset into pseudo-real episodes")
+    cv.add_argument("--model", required=True, help="translator pipeline folder (save_pretrained)")
+    cv.add_argument("--input", required=True, help="sim LeRobotDataset (from `comsim generate`)")
+    cv.add_argument("--output", required=True, help="output dataset folder (resumed if partial)")
+    cv.add_argument("--w-action", type=float, default=1.0, help="action guidance weight")
+    cv.add_argument("--w-sim", type=float, default=1.0, help="sim-video guidance weight")
+    cv.add_argument("--steps", type=int, default=20, help="sampling steps")
+    cv.add_argument("--strength", type=float, default=1.0, help="< 1 starts from the noised sim video")
+    cv.add_argument("--seed", type=int, default=0, help="base seed (episode k uses a seed from (seed, k))")
+    cv.add_argument("--workers", type=int, default=1, help="local processes")
+    cv.add_argument("--num-shards", type=int, default=None,
+                    help="split the episodes over this many independent jobs (default: accelerate's processes)")
+    cv.add_argument("--shard-index", type=int, default=None, help="this job's shard, 0..num_shards-1")
+    cv.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: accelerate's, else cpu)")
+    cv.add_argument("--threads", type=int, default=1,
+                    help="torch CPU threads per process (fixed so results do not depend on the machine)")
+    cv.add_argument("--no-progress", action="store_true")
+    cv.set_defaults(func=_convert)
 
     d = sub.add_parser("demo", help="run the main job on the built-in lab")
     d.add_argument("--out", default="runs/demo")

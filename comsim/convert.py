@@ -1,0 +1,248 @@
+"""`comsim convert`: batch-translate a sim dataset into pseudo-real episodes, sharded and resumable.
+
+    report = convert_dataset("runs/translator/final", "data/sim_stack", "data/pseudo_stack",
+                             w_action=1.5, w_sim=2.0, steps=20, workers=2)
+
+Every episode of the input (``observation.images.<cam>_sim``, actions, states, success)
+becomes an output episode with ``observation.images.<cam>`` = the translator's frames (at
+the translator's resolution) next to the untouched ``<cam>_sim`` (and control) videos, and
+``Provenance(source="pseudo_real", translator_hash, guidance, seed)``.
+
+Determinism: episode ``k`` is translated with seed ``episode_seed(seed, k)`` and a fixed
+number of torch threads per process (``threads``, default 1): the same episode gives the
+same frames whichever process, shard or run converted it. Resuming: finished episodes are
+staged atomically by ``DatasetWriter``; a rerun skips them, so an interrupted run resumed
+gives byte-identical files to an uninterrupted one.
+
+Parallelism, three ways (each process stages its own episodes; one close at the end):
+- ``workers=N``: N local processes (spawned), episodes handed out one at a time;
+- ``accelerate launch ... comsim convert ...``: episodes split over accelerate's processes
+  (``PartialState.split_between_processes``), each on its own device; the main one closes;
+- ``num_shards=K, shard_index=j``: independent jobs (e.g. a cluster array) take episodes
+  ``k % K == j`` and do not close; a final run without shard arguments closes the dataset.
+
+Refused before converting anything: an input whose action dimension, camera, control
+videos or frame rate differ from the translator's, or an input that already has real frames.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from comsim.episode import Episode, Provenance
+from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
+from comsim.io.video import atomic_output
+
+HEADER_FILE = "conversion.json"
+RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "seed")
+
+_WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
+
+
+class ConversionError(ValueError):
+    """The input dataset does not fit the translator (or the output belongs to another conversion)."""
+
+
+def episode_seed(base_seed: int, index: int) -> int:
+    """Translation seed of episode ``index``: independent of sharding and of resumes."""
+    return int(np.random.SeedSequence([int(base_seed), int(index)]).generate_state(1)[0])
+
+
+def translator_hash(model_dir: Path) -> str:
+    """The checkpoint hash recorded in provenance: sha256 of the transformer weights (the same
+    value as ``TranslatorPipeline.checkpoint_hash``), computed without loading torch."""
+    weights = Path(model_dir) / "transformer" / "diffusion_pytorch_model.safetensors"
+    if not weights.is_file():
+        raise ConversionError(f"{weights}: file not found (not a translator pipeline folder?)")
+    h = hashlib.sha256()
+    with open(weights, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
+    """Translator metadata (translator.json) after checking the input against it; raises ConversionError."""
+    meta_path = Path(model_dir) / "translator.json"
+    if not meta_path.is_file():
+        raise ConversionError(f"{model_dir}: not a translator pipeline folder (no translator.json)")
+    meta = json.loads(meta_path.read_text())
+    feats, where = ds.features, f"{ds.root}/meta/info.json"
+    a_dim = int(np.prod(feats.get("action", {}).get("shape", [0])))
+    if a_dim != meta["action_dim"]:
+        raise ConversionError(f"{where}: action has {a_dim} values per frame but the translator {model_dir} "
+                              f"expects action_dim={meta['action_dim']}; refusing before converting anything")
+    cam = meta["camera"]
+    need = [f"{cam}_sim"] + [f"{cam}_sim_{c}" for c in meta.get("controls", [])]
+    missing = [IMAGE_PREFIX + k for k in need if k not in ds.camera_keys]
+    if missing:
+        raise ConversionError(f"{where}: no video feature {missing}; the translator {model_dir} needs them "
+                              f"(camera {cam!r}, controls {meta.get('controls', [])}); the dataset has "
+                              f"{[IMAGE_PREFIX + k for k in ds.camera_keys]}")
+    if cam in ds.camera_keys:
+        raise ConversionError(f"{where}: already has {IMAGE_PREFIX + cam} (real or pseudo-real frames); "
+                              "convert takes a sim dataset, as written by `comsim generate`")
+    if abs(float(meta.get("fps", ds.fps)) - float(ds.fps)) > 1e-6:
+        raise ConversionError(f"{where}: fps is {ds.fps} but the translator was trained at {meta['fps']} "
+                              "frames/s (its actions per frame would mean something else)")
+    return meta
+
+
+def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
+    if _WORKER.get("key") != (model_dir, input_dir, device):
+        import torch
+
+        from comsim.translator.pipeline import TranslatorPipeline
+
+        torch.set_num_threads(threads)  # fixed: CPU reductions must not depend on the machine's cores
+        if device.startswith("cuda"):
+            torch.backends.cudnn.benchmark = False
+            torch.backends.cuda.matmul.allow_tf32 = False
+        _WORKER.update(key=(model_dir, input_dir, device), pipe=TranslatorPipeline.from_pretrained(model_dir, device),
+                       ds=LeRobotDataset(input_dir, default_source="sim"))
+    return _WORKER["pipe"], _WORKER["ds"]
+
+
+def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, t_hash: str,
+                    source: str) -> Episode:
+    """One sim episode -> its pseudo-real version (the sim and control videos kept as they are)."""
+    from comsim.translator.data import resize_video
+
+    cam, res = pipe.camera, tuple(pipe.resolution)
+    sim = resize_video(ep.frames[f"{cam}_sim"], res)
+    controls = {c: resize_video(ep.frames[f"{cam}_sim_{c}"], res) for c in pipe.controls} or None
+    s = episode_seed(seed, index)
+    frames = pipe(sim, ep.action, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
+                  num_steps=guidance["steps"], strength=guidance["strength"], seed=s, controls=controls)
+    src = ep.provenance
+    prov = Provenance(source="pseudo_real", task=src.task, seed=s, twin_spec_hash=src.twin_spec_hash,
+                      translator_hash=t_hash, guidance=dict(guidance),
+                      extra={"source_dataset": source, "source_episode": index, "sim_seed": src.seed,
+                             "sim_provenance": src.to_dict()})
+    return Episode(frames={**ep.frames, cam: frames}, action=ep.action, state=ep.state, fps=ep.fps,
+                   timestamps=ep.timestamps, task=ep.task, success=ep.success, provenance=prov, extra=dict(ep.extra))
+
+
+def _work(args) -> int:
+    model_dir, input_dir, output_dir, fps, index, seed, guidance, t_hash, device, threads = args
+    pipe, ds = _load_worker(model_dir, input_dir, device, threads)
+    ep = convert_episode(pipe, ds.read_episode(index), index, seed, guidance, t_hash, input_dir)
+    DatasetWriter(output_dir, fps, resume=True).add_episode(ep, episode_index=index)
+    return len(ep)
+
+
+def _accelerate_state():
+    """accelerate's PartialState when this process was started by `accelerate launch`, else None."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    from accelerate import PartialState
+
+    return PartialState()
+
+
+def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float = 1.0,
+                    w_sim: float = 1.0, steps: int = 20, strength: float = 1.0, seed: int = 0, workers: int = 1,
+                    num_shards: int | None = None, shard_index: int | None = None, device: str | None = None,
+                    threads: int = 1, progress: bool = True) -> dict:
+    """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict."""
+    model, input, output = Path(model), Path(input), Path(output)
+    if steps < 1 or not 0.0 < strength <= 1.0:
+        raise ConversionError(f"steps must be >= 1 and strength in (0, 1], got steps={steps}, strength={strength}")
+    if (num_shards is None) != (shard_index is None):
+        raise ConversionError("--num-shards and --shard-index go together")
+    if num_shards is not None and not 0 <= shard_index < num_shards:
+        raise ConversionError(f"--shard-index must be in [0, {num_shards}), got {shard_index}")
+    if workers < 1 or threads < 1:
+        raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
+    ds = LeRobotDataset(input, default_source="sim")
+    check_compatible(model, ds)
+    t_hash = translator_hash(model)
+    guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength)}
+    header = {"model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
+              "input_episodes": len(ds), **guidance, "seed": int(seed), "threads": threads}
+
+    state = _accelerate_state() if num_shards is None else None
+    is_main = state is None or state.is_main_process
+    if is_main:
+        _check_resumable(output, header)
+    writer = DatasetWriter(output, ds.fps, resume=True)
+    if (output / "meta" / "info.json").is_file():  # closed before: nothing to do
+        return _report(output, header, 0, 0, None)
+    if is_main:
+        _write_json(header, output / HEADER_FILE)
+    if state is not None:
+        state.wait_for_everyone()  # the header is checked before anyone writes
+
+    todo = [i for i in range(len(ds)) if i not in writer.finished_episodes]
+    if num_shards is not None:
+        todo = [i for i in todo if i % num_shards == shard_index]
+    device = device or (str(state.device) if state is not None else "cpu")
+    t0 = time.perf_counter()
+    if state is not None:
+        with state.split_between_processes(todo) as mine:
+            frames = _run(list(mine), model, input, output, ds.fps, seed, guidance, t_hash, device, threads,
+                          1, progress and is_main)
+        state.wait_for_everyone()
+    else:
+        frames = _run(todo, model, input, output, ds.fps, seed, guidance, t_hash, device, threads, workers, progress)
+    elapsed = time.perf_counter() - t0
+    if num_shards not in (None, 1):
+        missing = sorted(set(range(len(ds))) - writer.finished_episodes)
+        if missing:  # other shards still running: the last call without shard arguments closes
+            return _report(output, header, len(todo), frames, elapsed, closed=False, waiting_for=len(missing))
+    if is_main:
+        writer.close()
+    return _report(output, header, len(todo), frames, elapsed, closed=is_main)
+
+
+def _run(todo, model, input, output, fps, seed, guidance, t_hash, device, threads, workers, progress) -> int:
+    jobs = [(str(model), str(input), str(output), fps, i, seed, guidance, t_hash, device, threads) for i in todo]
+    bar = tqdm(total=len(jobs), desc="convert", unit="episode", disable=not progress)
+    frames, pool = 0, None
+    if workers > 1 and len(jobs) > 1:
+        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
+        results = pool.imap_unordered(_work, jobs)
+    else:
+        results = map(_work, jobs)
+    try:
+        for n in results:
+            frames += n
+            bar.update(1)
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    return frames
+
+
+def _check_resumable(output: Path, header: dict) -> None:
+    path = output / HEADER_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
+    if diff:
+        raise ConversionError(f"{output}: holds a conversion made with {({k: old.get(k) for k in diff})}, now "
+                              f"asked for {({k: header[k] for k in diff})}; resume with the same model, input, "
+                              "guidance and seed, or use a new folder")
+
+
+def _write_json(obj, path: Path) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _report(output, header, converted, frames, elapsed, closed=True, waiting_for=0) -> dict:
+    return {"output": str(output), "translator_hash": header["translator_hash"],
+            "episodes": header["input_episodes"], "converted_now": converted, "frames_now": frames,
+            "elapsed_s": None if elapsed is None else round(elapsed, 2),
+            "frames_per_second": round(frames / elapsed, 2) if elapsed and frames else None,
+            "closed": closed, "episodes_left": waiting_for}

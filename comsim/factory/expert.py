@@ -1,0 +1,176 @@
+"""The scripted expert: vet a layout with IK, run a program in the twin, record the episode.
+
+``vet_setup`` predicts the TCP poses a program will aim at from the initial layout and
+checks each one against the workspace box and with IK (the robot alone: objects do not
+change kinematics). ``run_episode`` then drives the scene frame by frame: frame k holds the
+render and state BEFORE action k, as a camera and a logger would record them. After the
+program the hand holds still for ``SETTLE_S`` so that the last frames show the state the
+success predicate judges. A primitive that sees its own failure ends the program early; the
+episode is still recorded (honest data), with ``success`` from the predicate and the reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from comsim.episode import Episode, Provenance
+from comsim.factory.layout import EpisodeSetup, home_pose
+from comsim.factory.primitives import PRIMITIVES, Expert, PlanState, PrimitiveFailure
+from comsim.factory.program import TaskProgram
+from comsim.factory.success import evaluate
+from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
+from comsim.sim.render import SceneRenderer
+from comsim.sim.scene import Scene
+from comsim.sim.spec import spec_hash
+
+SETTLE_S = 0.5
+SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
+                        [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60],
+                        [250, 190, 212]], dtype=np.uint8)
+DEPTH_RANGE_M = (0.0, 3.0)  # depth control video: 0..255 grey over this range
+
+
+@dataclass
+class Unreachable:
+    step: int  # index in program.steps
+    line: int  # the line of the parameter that produced the pose
+    pos: np.ndarray
+    why: str
+
+
+def plan_waypoints(program: TaskProgram, setup: EpisodeSetup) -> list[tuple[int, np.ndarray, float, str]]:
+    """(step index, TCP position, yaw, parameter) of every pose the program will aim at."""
+    ps = PlanState(setup, setup.home_tcp.copy(), setup.home_yaw,
+                   objects={n: [np.array([*setup.poses[n][:2], setup.roles[n].half_height]), setup.poses[n][2]]
+                            for n in setup.roles})
+    out = []
+    for i, (step, params) in enumerate(zip(program.steps, setup.step_params)):
+        ps.waypoints = []
+        PRIMITIVES[step.primitive].plan(ps, params)
+        out += [(i, pos, yaw, param) for pos, yaw, param in ps.waypoints]
+    return out
+
+
+def vet_setup(program: TaskProgram, setup: EpisodeSetup, robot_scene: Scene) -> Unreachable | None:
+    """The first planned pose outside the workspace or out of IK's reach, or None."""
+    q = np.asarray(robot_scene.spec.robot.init_qpos, dtype=np.float64)
+    for i, pos, yaw, param in plan_waypoints(program, setup):
+        step = program.steps[i]
+        line = step.param_lines.get(param, step.line)
+        if not program.in_workspace(pos):
+            return Unreachable(i, line, pos, f"outside the workspace {program.workspace}")
+        res = reachable(robot_scene, pos, yaw, q_init=q)
+        if not res.converged:
+            return Unreachable(i, line, pos, f"out of the arm's reach (IK error {res.pos_err * 1000:.0f} mm)")
+        q = res.q
+    return None
+
+
+def robot_only_scene(program: TaskProgram) -> Scene:
+    """The cell with no objects: for IK checks and the home pose."""
+    import copy
+
+    spec = copy.deepcopy(program.scene)
+    spec.objects = []
+    return Scene(spec)
+
+
+@dataclass
+class EpisodeResult:
+    episode: Episode
+    success: bool
+    failure: str | None  # reason key, None when success
+    detail: str = ""
+    verdicts: dict = field(default_factory=dict)
+
+
+def _controls_frame(renderer: SceneRenderer, controls: tuple[str, ...]) -> dict[str, np.ndarray]:
+    out = {}
+    if "seg" in controls:
+        seg = renderer.segmentation()
+        out["seg"] = SEG_PALETTE[np.clip(seg, 0, len(SEG_PALETTE) - 1)]
+    if "depth" in controls:
+        lo, hi = DEPTH_RANGE_M
+        g = np.clip((renderer.depth() - lo) / (hi - lo) * 255.0, 0, 255).round().astype(np.uint8)
+        out["depth"] = np.repeat(g[..., None], 3, axis=-1)
+    return out
+
+
+def run_episode(program: TaskProgram, setup: EpisodeSetup, controls: tuple[str, ...] = (),
+                twin_hash: str | None = None) -> EpisodeResult:
+    """Simulate ``setup`` with the program's expert; the Episode holds ``<camera>_sim`` frames."""
+    scene = setup.build_scene(program)
+    cam = program.camera
+    steps_per_frame = round(1.0 / (program.fps * scene.control_dt))
+    if steps_per_frame < 1 or abs(1.0 / (program.fps * scene.control_dt) - steps_per_frame) > 1e-6:
+        raise ValueError(f"{program.path}: fps {program.fps} is not a whole number of control steps of "
+                         f"{scene.control_dt:g} s")
+    n_sub = steps_per_frame * scene.spec.physics.substeps
+    max_frames = int(round(program.max_seconds * program.fps))
+    ex = Expert(scene, setup, CartesianCommander(scene, 1.0 / program.fps, speed=setup.speed))
+    roles = list(setup.roles)
+    rec = {"rgb": [], "state": [], "action": [], "env": [], **{c: [] for c in controls}}
+    failure, detail = None, ""
+
+    with SceneRenderer(scene, cam) as renderer:
+        def record(action):
+            rec["rgb"].append(renderer.rgb())
+            for c, img in _controls_frame(renderer, controls).items():
+                rec[c].append(img)
+            rec["state"].append(scene.get_state().astype(np.float32))
+            rec["env"].append(np.concatenate([np.concatenate(scene.object_pose(r)) for r in roles]))
+            rec["action"].append(action)
+            scene.step(action, n_substeps=n_sub)
+
+        for step, params in zip(program.steps, setup.step_params):
+            try:
+                for action in PRIMITIVES[step.primitive].run(ex, params):
+                    record(action)
+                    if len(rec["action"]) >= max_frames:
+                        raise PrimitiveFailure("timeout", f"max_seconds={program.max_seconds} reached")
+            except (PrimitiveFailure, UnreachableError) as e:
+                failure = getattr(e, "reason", "unreachable")
+                detail = f"{program.where(step.line)} ({step.primitive}): {e}"
+                break
+        # Hold still so that the last frames show the state the predicate judges.
+        last = rec["action"][-1] if rec["action"] else np.concatenate(
+            [scene.get_state()[:7], [scene.spec.robot.init_gripper]]).astype(np.float32)
+        for _ in range(max(1, round(SETTLE_S * program.fps))):
+            record(last)
+    success, verdicts = evaluate(program, setup, scene)
+    if not success and failure is None:
+        failed = [k for k, v in verdicts.items() if not v]
+        failure, detail = "predicate", f"{program.path}: not met: {failed}"
+    frames = {f"{cam}_sim": np.stack(rec["rgb"])}
+    frames.update({f"{cam}_sim_{c}": np.stack(rec[c]) for c in controls})
+    prov = Provenance(source="sim", task=program.name, seed=setup.seed, twin_spec_hash=twin_hash or spec_hash(program.scene),
+                      extra={"program_hash": program.hash, "program": program.path.name, "setup": setup.describe(),
+                             "checks": verdicts, "failure": None if success else failure,
+                             "failure_detail": None if success else detail})
+    ep = Episode(frames=frames, action=np.stack(rec["action"]), state=np.stack(rec["state"]), fps=program.fps,
+                 task=setup.instruction, success=bool(success), provenance=prov,
+                 extra={"observation.environment_state": np.stack(rec["env"]).astype(np.float32)})
+    return EpisodeResult(ep, bool(success), None if success else failure, detail, verdicts)
+
+
+def prepare_setup(program: TaskProgram, seed: int, split: str, robot_scene: Scene, max_draws: int = 20):
+    """``sample_setup`` with layouts redrawn until IK can reach every planned pose.
+
+    Returns (setup, redraws). A seed whose ``max_draws`` layouts are all unreachable means the
+    task's regions are mostly out of reach: a ProgramError naming the line, not a bad seed.
+    """
+    from comsim.factory.layout import sample_setup
+    from comsim.factory.program import ProgramError
+
+    home, home_yaw = home_pose(robot_scene)
+    last = None
+    for draw in range(max_draws):
+        setup = sample_setup(program, seed, split, draw)
+        setup.home_tcp, setup.home_yaw = home, home_yaw
+        last = vet_setup(program, setup, robot_scene)
+        if last is None:
+            return setup, draw
+    step = program.steps[last.step]
+    raise ProgramError(f"{program.where(last.line)}: {step.primitive}: {max_draws} layouts in a row put a target "
+                       f"{np.round(last.pos, 3).tolist()} {last.why}; move the regions or targets into reach")

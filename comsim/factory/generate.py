@@ -1,0 +1,217 @@
+"""`comsim generate`: mass-produce simulated episodes of a task in parallel, as a LeRobotDataset.
+
+    report = generate_dataset("stack", episodes=200, out="data/sim_stack", workers=2)
+
+Episode ``k`` runs the seed ``episode_seed(seed, k, attempt)``, so a dataset does not depend
+on how many workers made it or on interruptions: workers (spawned processes, each with its
+own MuJoCo model and renderer) stage finished episodes atomically into ``out`` through
+``DatasetWriter.add_episode(ep, episode_index=k)``; the parent joins them with one
+``close()``. A rerun with the same arguments skips what is already staged.
+
+Failures are data too. By default a failed attempt is KEPT, flagged ``success=False`` with
+its reason in the provenance (``extra.failure``), because a filtered dataset silently
+overstates the expert. ``only_success=True`` instead retries episode ``k`` with new seeds
+(attempt 1, 2, ...) up to ``max_attempts`` and records each discarded attempt in the kept
+episode's provenance, so the counts survive a resume. ``generation_report.json`` (written
+after closing) counts attempts, successes and failures by reason.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset
+from comsim.io.video import atomic_output
+from comsim.sim.spec import spec_hash
+
+HEADER_FILE = "generation.json"
+REPORT_FILE = "generation_report.json"
+RESUME_KEYS = ("task", "program_hash", "seed", "split", "only_success", "max_attempts", "controls", "fps")
+CONTROLS = ("seg", "depth")
+
+# One program and one robot-only scene per worker process (built on first use).
+_WORKER: dict = {}
+
+
+def _worker_state(task_path: str):
+    if _WORKER.get("path") != task_path:
+        from comsim.factory.expert import robot_only_scene
+        from comsim.factory.program import load_program
+
+        program = load_program(task_path)
+        _WORKER.update(path=task_path, program=program, robot=robot_only_scene(program),
+                       twin_hash=spec_hash(program.scene))
+    return _WORKER["program"], _WORKER["robot"], _WORKER["twin_hash"]
+
+
+def make_episode(task_path: str, index: int, seed: int, split: str, only_success: bool, max_attempts: int,
+                 controls: tuple[str, ...]):
+    """Episode ``index``: attempts until one succeeds (only_success) or just one. Returns
+    (EpisodeResult of the kept attempt, list of discarded attempts)."""
+    from comsim.factory.expert import prepare_setup, run_episode
+    from comsim.factory.layout import episode_seed
+
+    program, robot, twin_hash = _worker_state(task_path)
+    discarded = []
+    for attempt in range(max_attempts if only_success else 1):
+        s = episode_seed(seed, index, attempt)
+        setup, redraws = prepare_setup(program, s, split, robot)
+        result = run_episode(program, setup, controls, twin_hash)
+        extra = result.episode.provenance.extra
+        extra.update(episode_index=index, attempt=attempt, layout_redraws=redraws)
+        if result.success or attempt == (max_attempts if only_success else 1) - 1:
+            extra["discarded_attempts"] = discarded
+            extra["gave_up"] = bool(only_success and not result.success)
+            return result
+        discarded.append({"attempt": attempt, "seed": s, "failure": result.failure, "detail": result.detail,
+                          "layout_redraws": redraws})
+    raise AssertionError("unreachable")
+
+
+def _work(args) -> dict:
+    """Worker entry: make episode ``index`` and stage it; returns a small summary."""
+    task_path, out, fps, index, seed, split, only_success, max_attempts, controls = args
+    result = make_episode(task_path, index, seed, split, only_success, max_attempts, controls)
+    DatasetWriter(out, fps, resume=True).add_episode(result.episode, episode_index=index)
+    extra = result.episode.provenance.extra
+    return {"index": index, "success": result.success, "failure": result.failure,
+            "attempts": 1 + len(extra["discarded_attempts"]), "frames": len(result.episode)}
+
+
+def _init_worker():
+    # llvmpipe (software OpenGL) starts one render thread per core in every process; with one
+    # worker per core they would fight. Must be set before the first GL context.
+    os.environ.setdefault("LP_NUM_THREADS", "1")
+
+
+def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, workers: int = 1, seed: int = 0,
+                     split: str = "id", only_success: bool = False, max_attempts: int = 10,
+                     controls: tuple[str, ...] | list[str] = (), progress: bool = True) -> dict:
+    """Generate ``episodes`` episodes of ``task`` (a task YAML or built-in name) into ``out``.
+
+    Checks the task (with IK on sampled layouts) before anything is written; returns the report.
+    """
+    from comsim.factory.expert import prepare_setup, robot_only_scene
+    from comsim.factory.layout import episode_seed
+    from comsim.factory.program import load_program
+
+    if episodes < 1:
+        raise ValueError(f"episodes: expected at least 1, got {episodes}")
+    if workers < 1:
+        raise ValueError(f"workers: expected at least 1, got {workers}")
+    if max_attempts < 1:
+        raise ValueError(f"max_attempts: expected at least 1, got {max_attempts}")
+    controls = tuple(controls)
+    bad = [c for c in controls if c not in CONTROLS]
+    if bad:
+        raise ValueError(f"controls: {bad} unknown; known: {list(CONTROLS)}")
+    _init_worker()
+    program = load_program(task)
+    task_path = str(program.path.resolve())
+    # Preflight: a task whose regions are out of reach fails here, naming the line.
+    robot = robot_only_scene(program)
+    for k in range(8):
+        prepare_setup(program, episode_seed(seed, k), split, robot)
+
+    out = Path(out)
+    header = {"task": program.name, "program": task_path, "program_hash": program.hash, "seed": seed,
+              "split": split, "only_success": only_success, "max_attempts": max_attempts if only_success else 1,
+              "controls": list(controls), "fps": program.fps, "camera": program.camera,
+              "twin_spec_hash": spec_hash(program.scene)}
+    _check_resumable(out, header)
+    writer = DatasetWriter(out, program.fps, resume=True)
+    info = out / "meta" / "info.json"
+    if info.is_file():
+        total = json.loads(info.read_text())["total_episodes"]
+        if total != episodes:
+            raise ValueError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
+                             "appending is not supported, generate into a new folder")
+        return write_report(out, header, workers, elapsed=None)
+    beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
+    if beyond:
+        raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
+                         f"rerun with --episodes {max(beyond) + 1} or use a new folder")
+    _write_json(header, out / HEADER_FILE)
+
+    todo = [i for i in range(episodes) if i not in writer.finished_episodes]
+    jobs = [(task_path, str(out), program.fps, i, seed, split, only_success, header["max_attempts"], controls)
+            for i in todo]
+    t0 = time.perf_counter()
+    bar = tqdm(total=len(jobs), desc=f"generate {program.name}", unit="episode", disable=not progress)
+    ok = 0
+    if workers == 1 or len(jobs) <= 1:
+        results = map(_work, jobs)
+        pool = None
+    else:
+        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker)
+        results = pool.imap_unordered(_work, jobs)
+    try:
+        for r in results:
+            ok += r["success"]
+            bar.update(1)
+            bar.set_postfix(success=f"{ok}/{bar.n}")
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()  # on an error, stop the others; staged episodes stay for a resume
+            pool.join()
+    elapsed = time.perf_counter() - t0
+    writer.close()
+    return write_report(out, header, workers, elapsed=elapsed, generated=len(jobs))
+
+
+def _write_json(obj, path: Path) -> None:
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def _check_resumable(out: Path, header: dict) -> None:
+    path = out / HEADER_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
+    if diff:
+        raise ValueError(f"{out}: was generated with {({k: old.get(k) for k in diff})}, now asked for "
+                         f"{({k: header[k] for k in diff})}; resume with the same arguments or use a new folder")
+
+
+def write_report(out: Path, header: dict, workers: int, elapsed: float | None, generated: int = 0) -> dict:
+    """Count attempts, successes and failures (by reason) from the closed dataset's provenance."""
+    ds = LeRobotDataset(out)
+    attempts = successes = gave_up = redraws = frames = 0
+    reasons: Counter = Counter()
+    for i in range(len(ds)):
+        info = ds.episode_info(i)
+        extra = info["provenance"].extra
+        frames += info["length"]
+        for d in extra.get("discarded_attempts", []):
+            attempts += 1
+            reasons[d["failure"]] += 1
+            redraws += d.get("layout_redraws", 0)
+        attempts += 1
+        redraws += extra.get("layout_redraws", 0)
+        if info["success"]:
+            successes += 1
+        else:
+            reasons[extra.get("failure") or "unknown"] += 1
+        gave_up += bool(extra.get("gave_up"))
+    report = {
+        "task": header["task"], "split": header["split"], "seed": header["seed"], "episodes": len(ds),
+        "frames": frames, "attempts": attempts, "successes": successes, "failures": attempts - successes,
+        "success_rate": round(successes / max(attempts, 1), 4),
+        "failures_by_reason": dict(sorted(reasons.items())),
+        "failed_episodes_kept": 0 if header["only_success"] else len(ds) - successes,
+        "only_success": header["only_success"], "gave_up": gave_up, "layout_redraws": redraws,
+        "workers": workers, "generated_now": generated,
+        "elapsed_s": None if elapsed is None else round(elapsed, 2),
+        "episodes_per_minute": None if not elapsed or not generated else round(60 * generated / elapsed, 2),
+    }
+    _write_json(report, out / REPORT_FILE)
+    return report
