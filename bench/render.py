@@ -53,7 +53,8 @@ def twin_cases(config: Path, frames: int) -> dict[str, float]:
 
 def lab_cases(config: Path, frames: int) -> dict[str, float]:
     """The lab's camera at 128x128 with shadows on (its own cell, not ``config``): the
-    shadowed render alone, and the full observation (render + lens + sensor + JPEG)."""
+    shadowed render alone (144x144: 8 px of lens margin per side), and the full
+    observation (render + lens + sensor + JPEG), which is what LabEnv.step costs."""
     from comsim.lab import LabEnv
 
     n = max(frames // 3, 30)  # shadows cost ~10x

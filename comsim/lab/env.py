@@ -24,7 +24,7 @@ from comsim.config import ConfigError
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.look import LabCamera, apply_look
 from comsim.lab.tasks import TaskState, make_task
-from comsim.sim.scene import Scene, build_mjspec, geom_labels
+from comsim.sim.scene import OBJECT_PREFIX, Scene, build_mjspec, geom_labels
 
 # Streams of randomness drawn from an episode seed: layout, sensor noise, operator.
 LAYOUT_STREAM, SENSOR_STREAM, OPERATOR_STREAM = 0, 1, 2
@@ -48,7 +48,7 @@ class LabEnv:
         self.camera = LabCamera(self.scene, self.cell)
         self._robot_geom = geom_labels(self.scene.model) == 1
         m = self.scene.model
-        self._object_geoms = {n: m.geom("object/" + n).id for n in self.scene.object_names}
+        self._object_geoms = {n: m.geom(OBJECT_PREFIX + n).id for n in self.scene.object_names}
         self.frame = 0
         self.seed: int | None = None
         self._sensor_rng = np.random.default_rng(0)

@@ -234,7 +234,8 @@ class ScriptedTeleoperator:
     def _push_stroke(self, cube_name: str, goal: np.ndarray, contact: float):
         """Keep the hand just behind the cube on its line to the goal and lean in; steer each frame.
 
-        Returns "done" (close enough), "lost" (the cube slid off the hand) or "timeout".
+        Returns "done" (level with the goal along the push), "lost" (the cube slid off the hand)
+        or "timeout".
         """
         s = self.style
         max_step = MAX_PUSH_SPEED * s.speed * self.dt
