@@ -286,14 +286,14 @@ def datasets(tmp_path_factory):
     return make_dataset(root / "ref", ref_videos), make_dataset(root / "pred", pred_videos)
 
 
-def test_eval_video_self_is_zero_and_fid_matches_references(datasets, inception, tiny_i3d):
+def test_eval_video_self_is_zero_and_fid_matches_references(datasets, inception, tiny_i3d, monkeypatch):
     ref, pred = datasets
     torch.manual_seed(0)
     import lpips
 
     lp = lpips.LPIPS(net="alex", pnet_rand=True, verbose=False)
-    kw = dict(camera="front", metrics=("psnr", "ssim", "lpips", "fid", "fvd", "clip"), lpips_model=lp, i3d=str(tiny_i3d),
-              fid_frame_stride=8, progress=False)
+    kw = dict(camera="front", metrics=("psnr", "ssim", "lpips", "fid", "fvd", "clip"), lpips_model=lp,
+              i3d=str(tiny_i3d), fid_frame_stride=8, progress=False)
     inception_calls = []
     real_call = InceptionFeatures.__call__
 
@@ -302,13 +302,10 @@ def test_eval_video_self_is_zero_and_fid_matches_references(datasets, inception,
         inception_calls.append(out)
         return out
 
-    InceptionFeatures.__call__ = spy
-    try:
-        same = evaluate_video(ref, ref, **kw)
-        inception_calls.clear()
-        diff = evaluate_video(pred, ref, **kw)
-    finally:
-        InceptionFeatures.__call__ = real_call
+    monkeypatch.setattr(InceptionFeatures, "__call__", spy)  # keeps the features the evaluation used
+    same = evaluate_video(ref, ref, **kw)
+    inception_calls.clear()
+    diff = evaluate_video(pred, ref, **kw)
     m = same["metrics"]
     assert m["fid_samples"] == {"pred": 8, "ref": 8} and m["fvd_samples"] == {"pred": 4, "ref": 4}
     assert abs(m["fid"]) < 1e-6 and abs(m["fvd"]) < 1e-6, m
@@ -452,3 +449,41 @@ def test_clip_unavailable_paths(tmp_path):
     expected = MetricUnavailable if importlib.util.find_spec("transformers") is None else FileNotFoundError
     with pytest.raises(expected, match="transformers|config.json"):
         ClipScorer(tmp_path / "no_clip_here")
+
+
+def test_clip_scores_with_a_tiny_clip_folder(tmp_path, datasets):
+    transformers = pytest.importorskip("transformers")
+    import string
+
+    from comsim.metrics.clip import ClipScorer
+
+    letters = list(string.ascii_lowercase)
+    vocab = ["<|startoftext|>", "<|endoftext|>", *letters, *(c + "</w>" for c in letters)]
+    tokenizer = transformers.CLIPTokenizer(vocab={t: i for i, t in enumerate(vocab)}, merges=[])
+    torch.manual_seed(0)
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    config = transformers.CLIPConfig(
+        text_config=dict(vocab_size=len(vocab), max_position_embeddings=77, bos_token_id=0, eos_token_id=1,
+                         pad_token_id=1, **small),
+        vision_config=dict(image_size=32, patch_size=8, **small), projection_dim=16)
+    model = transformers.CLIPModel(config).eval()
+    processor = transformers.CLIPProcessor(tokenizer=tokenizer, image_processor=transformers.CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
+    model.save_pretrained(tmp_path / "clip")
+    processor.save_pretrained(tmp_path / "clip")
+
+    scorer = ClipScorer(tmp_path / "clip")
+    frames = synthetic_video(40, T=3)
+    with torch.no_grad():  # the model's own forward: logits = logit_scale * cos
+        inputs = processor(text=["push the cube"], images=list(frames), return_tensors="pt", padding=True)
+        out = model(**inputs)
+        cos = (out.logits_per_image[:, 0] / model.logit_scale.exp()).double().numpy()
+    ours = (scorer.image_embeddings(frames) @ scorer.text_embedding("push the cube")).double().numpy()
+    np.testing.assert_allclose(ours, cos, atol=1e-5)
+    np.testing.assert_allclose(scorer.clip_score(frames, "push the cube"), 100 * np.clip(cos, 0, None), atol=1e-3)
+    np.testing.assert_allclose(scorer.clip_similarity(frames, frames), 100, atol=1e-3)
+    ref, pred = datasets
+    rep = evaluate_video(pred, ref, camera="front", metrics=("clip",), clip=str(tmp_path / "clip"), progress=False)
+    m = rep["metrics"]
+    assert 0 <= m["clip_score"] <= 100 and -100 <= m["clip_similarity"] < 100 and not rep["unavailable"]
+    assert rep["per_episode"][0]["clip_similarity"] != rep["per_episode"][1]["clip_similarity"]

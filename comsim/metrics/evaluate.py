@@ -83,7 +83,8 @@ class LeRobotSource(VideoSource):
         return ep.state if kind == "state" else ep.action
 
     def task(self, i):
-        return self.ds.episode_info(i)["tasks"][0] if self.ds.episode_info(i)["tasks"] else ""
+        tasks = self.ds.episode_info(i)["tasks"]
+        return tasks[0] if tasks else ""
 
 
 class Mp4FolderSource(VideoSource):
