@@ -9,6 +9,7 @@
 - Action consistency on Panda renders at different joint configurations.
 Nothing is downloaded (an http URL is served from this process).
 """
+import ast
 import functools
 import http.server
 import importlib.util
@@ -73,10 +74,24 @@ def pytorch_fid_formula(mu1, sigma1, mu2, sigma2, eps=1e-6):
     return diff.dot(diff) + np.trace(sigma1) + np.trace(sigma2) - 2 * np.trace(covmean)
 
 
+@functools.lru_cache(maxsize=1)
+def _torchmetrics_compute_fid():
+    """torchmetrics' own `_compute_fid`, taken from its installed source file: importing the
+    package costs ~10 s of CPU here (it loads every domain), the function needs only torch."""
+    spec = importlib.util.find_spec("torchmetrics")
+    if spec is None:
+        pytest.skip("torchmetrics is not installed (pip install -e '.[test]')")
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "image", "fid.py")
+    tree = ast.parse(open(path).read())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_compute_fid")
+    namespace = {"torch": torch, "Tensor": torch.Tensor}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), path, "exec"), namespace)
+    return namespace["_compute_fid"]
+
+
 def torchmetrics_fid(f1, f2):
-    fid_mod = pytest.importorskip("torchmetrics.image.fid")
     a, b = torch.from_numpy(f1).double(), torch.from_numpy(f2).double()
-    return fid_mod._compute_fid(a.mean(0), torch.cov(a.T), b.mean(0), torch.cov(b.T)).item()
+    return _torchmetrics_compute_fid()(a.mean(0), torch.cov(a.T), b.mean(0), torch.cov(b.T)).item()
 
 
 # ----------------------------------------------------------------------------- the Frechet distance

@@ -185,6 +185,8 @@ def _mean(values) -> float:
 
 def evaluate_video(pred: str | Path, ref: str | Path, options: EvalOptions | None = None, **kwargs) -> dict:
     """Compare ``pred`` episodes with ``ref`` episodes; returns the JSON-able report."""
+    if options is not None and kwargs:
+        raise TypeError(f"evaluate_video: give options or keyword options, not both ({sorted(kwargs)})")
     o = options or EvalOptions(**kwargs)
     unknown = set(o.metrics) - set(METRICS)
     if unknown:
