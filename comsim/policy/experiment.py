@@ -1,0 +1,366 @@
+"""The Compositional Simulation experiment: same policy, different training data, scored in the lab.
+
+    cfg = load_experiment("configs/experiments/compsim_table.yaml", ["eval.n_trials=20"])
+    results = run_experiment(cfg)       # -> output_dir/results.json and results.md
+
+An experiment names its datasets (``datasets``: path, and how to build it when missing),
+its arms (``arms``: mixtures of those datasets with a synthetic fraction) and optionally a
+synthetic-fraction sweep (``sweep``: one mixture, several fractions; each fraction is one
+more arm). Each arm trains one policy (``comsim.policy.training``) and is scored on every
+panel of ``eval`` (``comsim.policy.rollout``; in-distribution and out-of-distribution
+object positions); ``claim`` says which arm should beat which, by a margin outside the 95%
+intervals (lower bound above the other's upper bound), and the result says whether it did.
+
+Resumable: arm ``a`` lives in ``output_dir/arms/<a>-<hash of its data, policy and training
+config>``; a finished policy is not retrained, a finished panel not re-scored (its file is
+keyed by the eval config), so rerunning the command only does what is missing. Missing lab
+datasets are recorded (``build: lab``); a dataset that cannot be built yet (sim or
+pseudo-real generation, ``build: factory | convert``) makes the arms that need it skip, with
+the reason in the table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from comsim.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from comsim.episode import hash_dict
+from comsim.io.video import atomic_output
+from comsim.policy.config import (EvalConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig,
+                                  diffusion_config)
+
+BUILDS = ("lab", "factory", "convert")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+
+
+@dataclass
+class DatasetSpec:
+    path: str
+    build: str | None = None  # lab: record it with comsim.lab when missing | factory | convert (not wired yet)
+    episodes: int = 10  # lab build: demonstrations to record
+    seed: int = 0  # lab build: recording seed
+
+    def __post_init__(self):
+        if self.build is not None and self.build not in BUILDS:
+            raise ConfigError(f"build: expected one of {BUILDS} or null, got {self.build!r}")
+
+
+@dataclass
+class ArmConfig:
+    name: str
+    sources: list[SourceConfig]
+    label: str = ""  # shown in the table; default: made from the data
+    synthetic_fraction: float | None = None  # None: proportional to frames
+
+
+@dataclass
+class SweepConfig:
+    sources: list[SourceConfig]
+    fractions: list[float]
+    name: str = "sweep"  # arms are called <name>_f<fraction>
+    label: str = ""
+
+
+@dataclass
+class ClaimConfig:
+    arm: str
+    beats: list[str]
+    panels: list[str] = field(default_factory=lambda: ["id", "ood"])
+
+
+@dataclass
+class ExperimentConfig:
+    name: str
+    output_dir: str
+    datasets: dict[str, DatasetSpec]
+    arms: list[ArmConfig]
+    task: str = "push"
+    cell: str | None = None  # lab cell YAML (default: the built-in lab)
+    sweep: SweepConfig | None = None
+    policy: dict = field(default_factory=dict)  # DiffusionConfig fields; `preset: tiny | small | default`
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    claim: ClaimConfig | None = None
+    cache_dir: str | None = None  # decoded frames shared by arms; default <output_dir>/cache
+
+    def __post_init__(self):
+        diffusion_config(self.policy)  # validate early: errors name policy.<field>
+        names = [a.name for a in self.all_arms()]
+        for n in names:
+            if not NAME_RE.match(n):
+                raise ConfigError(f"arms: name {n!r} must match {NAME_RE.pattern} (it names a folder)")
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"arms: duplicate arm names {dup}")
+        if self.sweep is not None:
+            for f in self.sweep.fractions:
+                if not 0 <= f <= 1:
+                    raise ConfigError(f"sweep.fractions: {f} is not in [0, 1]")
+        if self.claim is not None:
+            for a in [self.claim.arm, *self.claim.beats]:
+                if a not in names:
+                    raise ConfigError(f"claim: no arm {a!r}; arms are {names}")
+            for p in self.claim.panels:
+                if p not in self.eval.panels:
+                    raise ConfigError(f"claim.panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
+
+    def all_arms(self) -> list[ArmConfig]:
+        arms = list(self.arms)
+        if self.sweep is not None:
+            for f in self.sweep.fractions:
+                arms.append(ArmConfig(name=f"{self.sweep.name}_f{f:g}", sources=self.sweep.sources,
+                                      label=f"{self.sweep.label or self.sweep.name} @ {f:g}", synthetic_fraction=f))
+        return arms
+
+    def sweep_arms(self) -> list[str]:
+        return [a.name for a in self.all_arms()[len(self.arms):]]
+
+
+def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
+    data = load_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    try:
+        return from_dict(ExperimentConfig, data)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+# ----------------------------------------------------------------------------- arms -> runs
+
+
+def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[SourceConfig]:
+    """Dataset names -> paths (a `dataset` that names no entry of `datasets` is a path)."""
+    return [dataclasses.replace(s, dataset=cfg.datasets[s.dataset].path) if s.dataset in cfg.datasets else s
+            for s in sources]
+
+
+def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
+    mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
+    key = hash_dict({"data": to_dict(mix), "policy": diffusion_config(cfg.policy).to_dict(), "train": to_dict(cfg.train)})
+    out = Path(cfg.output_dir)
+    return PolicyRunConfig(output_dir=str(out / "arms" / f"{arm.name}-{key[:8]}"), data=mix, policy=dict(cfg.policy),
+                           train=cfg.train, cache_dir=cfg.cache_dir or str(out / "cache"))
+
+
+def eval_key(cfg: ExperimentConfig, panel: str) -> str:
+    e = cfg.eval
+    return hash_dict({"task": cfg.task, "cell": cfg.cell, "panel": to_dict(e.panels[panel]), "n_trials": e.n_trials,
+                      "seed": e.seed, "max_seconds": e.max_seconds, "steps": e.num_inference_steps})[:8]
+
+
+def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[str, str | None]:
+    """Make the named datasets exist; returns name -> None (ready) or why it is missing."""
+    status = {}
+    for name in sorted(names):
+        spec = cfg.datasets[name]
+        path = Path(spec.path)
+        if (path / "meta" / "info.json").is_file():
+            status[name] = None
+        elif spec.build == "lab":
+            from comsim.lab import record_dataset
+            log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {path}")
+            record_dataset(cfg.task, spec.episodes, path, seed=spec.seed, cell=cfg.cell, resume=True)
+            status[name] = None
+        else:
+            how = {None: "it has no `build`",
+                   "factory": "sim generation (comsim.factory) is not wired into the experiment yet",
+                   "convert": "pseudo-real conversion (comsim.convert) is not wired into the experiment yet"}[spec.build]
+            status[name] = (f"dataset {name!r} ({path}) not found and {how}; produce it and set "
+                            f"datasets.{name}.path to it")
+    return status
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True) -> dict:
+    from comsim.policy.data import MixtureDataset
+    from comsim.policy.model import DiffusionPolicy
+    from comsim.policy.rollout import evaluate, trial_seeds
+    from comsim.policy.training import train_policy, write_json
+
+    run = arm_run(cfg, arm)
+    out = Path(run.output_dir)
+    data = None
+    if not (out / "train_log.json").is_file():
+        data = MixtureDataset(run.data, run.model_config(), run.cache_dir, where=f"arms[{arm.name}]")
+        _check_disjoint(data.episode_seeds(), trial_seeds(cfg.eval.seed, cfg.eval.n_trials), arm.name)
+        log(f"experiment: training arm {arm.name!r} ({len(data)} frames, synthetic fraction "
+            f"{data.synthetic_fraction:.3f}) -> {out}")
+    train_log = train_policy(run, data=data, progress=progress)
+    policy = None
+    panels = {}
+    for pname, panel in cfg.eval.panels.items():
+        path = out / f"eval-{pname}-{eval_key(cfg, pname)}.json"
+        if path.is_file():
+            panels[pname] = json.loads(path.read_text())
+            continue
+        if policy is None:
+            policy = DiffusionPolicy.from_pretrained(out / "policy")
+        log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
+        res = evaluate(policy, cfg.task, cfg.eval.n_trials, panel=panel, cell=cfg.cell, seed=cfg.eval.seed,
+                       max_seconds=cfg.eval.max_seconds, num_inference_steps=cfg.eval.num_inference_steps,
+                       video_dir=out / "videos", videos=cfg.eval.videos, progress=progress)
+        res["panel"] = pname
+        write_json(res, path)
+        panels[pname] = res
+    mix = train_log["mixture"]
+    return {"name": arm.name, "status": "done", "label": arm.label or _label(mix["parts"]), "dir": str(out),
+            "synthetic_fraction": mix["synthetic_fraction"], "synthetic_fraction_requested": arm.synthetic_fraction,
+            "sampled_fraction": mix["sampled_fraction"], "data": mix["parts"],
+            "train": {k: train_log[k] for k in ("steps", "batch_size", "step_time_s", "wall_s", "final_loss",
+                                                "num_parameters")},
+            "panels": {p: {k: r[k] for k in ("success_rate", "ci95", "successes", "n_trials", "wall_s")}
+                       for p, r in panels.items()}}
+
+
+def _check_disjoint(train_seeds: set[int], eval_seeds: list[int], arm: str) -> None:
+    both = train_seeds & set(eval_seeds)
+    if both:
+        raise ConfigError(f"eval.seed: {len(both)} trial seed(s) of arm {arm!r} are seeds of training episodes "
+                          f"({sorted(both)[:3]}...); the panel must be one no demonstration saw: change eval.seed")
+
+
+def _label(parts: list[dict]) -> str:
+    counts: dict[str, int] = {}
+    for p in parts:
+        key = "/".join(p["provenance"]) + ("" if p["camera"] == "front" else f" ({p['camera']})")
+        counts[key] = counts.get(key, 0) + p["episodes"]
+    return " + ".join(f"{n} {k}" for k, n in counts.items())
+
+
+def run_experiment(cfg: ExperimentConfig, arms: list[str] | None = None, log=print, progress: bool = True) -> dict:
+    """Train and score every arm (or the named ones) that has its data; write results.json/.md."""
+    all_arms = cfg.all_arms()
+    if arms:
+        unknown = sorted(set(arms) - {a.name for a in all_arms})
+        if unknown:
+            raise ConfigError(f"--arms: no arm(s) {unknown}; arms are {[a.name for a in all_arms]}")
+        all_arms = [a for a in all_arms if a.name in arms]
+    needed = {s.dataset for a in all_arms for s in a.sources if s.dataset in cfg.datasets}
+    missing = ensure_datasets(cfg, needed, log)
+    t0 = time.time()
+    results = []
+    for arm in all_arms:
+        why = [missing[s.dataset] for s in arm.sources if missing.get(s.dataset)]
+        if why:
+            log(f"experiment: skipping arm {arm.name!r}: {why[0]}")
+            results.append({"name": arm.name, "status": "skipped", "label": arm.label, "reason": why[0],
+                            "synthetic_fraction_requested": arm.synthetic_fraction})
+        else:
+            results.append(run_arm(cfg, arm, log, progress))
+        write_results(cfg, results)  # after every arm: a partial table is always on disk
+    out = write_results(cfg, results)
+    log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {Path(cfg.output_dir) / 'results.md'}")
+    return out
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def judge_claim(cfg: ExperimentConfig, results: list[dict]) -> dict | None:
+    """Does ``claim.arm`` beat every ``claim.beats`` arm on every claimed panel, outside the intervals?"""
+    c = cfg.claim
+    if c is None:
+        return None
+    by = {r["name"]: r for r in results}
+    checks, holds = [], True
+    for other in c.beats:
+        for p in c.panels:
+            a, b = by.get(c.arm), by.get(other)
+            if not (a and b and a["status"] == "done" and b["status"] == "done"):
+                checks.append({"arm": c.arm, "other": other, "panel": p, "result": "undecided (arm not run)"})
+                holds = None if holds is not False else False
+                continue
+            lo, hi = a["panels"][p]["ci95"][0], b["panels"][p]["ci95"][1]
+            ok = lo > hi
+            checks.append({"arm": c.arm, "other": other, "panel": p, "margin": lo - hi,
+                           "result": "beats" if ok else "does not beat"})
+            if not ok:
+                holds = False
+    return {"arm": c.arm, "beats": c.beats, "panels": c.panels, "holds": holds, "checks": checks,
+            "rule": "lower end of the arm's 95% interval above the upper end of the other's"}
+
+
+def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
+    out = Path(cfg.output_dir)
+    doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
+           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results)}
+    with atomic_output(out / "results.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    with atomic_output(out / "results.md") as tmp:
+        tmp.write_text(render_markdown(cfg, doc))
+    return doc
+
+
+def _cell(r: dict, panel: str) -> str:
+    if r["status"] != "done":
+        return "-"
+    p = r["panels"][panel]
+    lo, hi = p["ci95"]
+    return f"{100 * p['success_rate']:.0f}% [{100 * lo:.0f}, {100 * hi:.0f}] ({p['successes']}/{p['n_trials']})"
+
+
+def _fraction(r: dict) -> str:
+    asked = r.get("synthetic_fraction_requested")
+    asked = "natural" if asked is None else f"{asked:g}"
+    if r["status"] != "done":
+        return asked
+    return f"{asked} / {r['sampled_fraction']:.3f}"
+
+
+def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
+    panels = list(cfg.eval.panels)
+    pol = diffusion_config(cfg.policy)
+    lines = [f"# {cfg.name}", "",
+             f"Task `{cfg.task}` in the lab; Diffusion Policy (ResNet-18 width {pol.backbone_width}, "
+             f"{pol.image_size[0]}x{pol.image_size[1]} images, U-Net {list(pol.down_dims)}, DDIM "
+             f"{cfg.eval.num_inference_steps or pol.num_inference_steps} steps), {cfg.train.steps} training steps of "
+             f"batch {cfg.train.batch_size}; {cfg.eval.n_trials} seeded trials per panel; success rate with "
+             "95% Wilson interval (successes/trials).", ""]
+    sweep = set(doc["sweep"])
+
+    def table(rows, first):
+        head = [first, "Synthetic fraction (asked / drawn)", *[f"{p} success" for p in panels]]
+        out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rows:
+            name = r.get("label") or r["name"]
+            cells = [_cell(r, p) for p in panels]
+            if r["status"] != "done":
+                cells = [f"skipped: {r['reason']}"] + [""] * (len(panels) - 1)
+            out.append("| " + " | ".join([name, _fraction(r), *cells]) + " |")
+        return out
+
+    main = [r for r in doc["arms"] if r["name"] not in sweep]
+    if main:
+        lines += table(main, "Training data") + [""]
+    sw = [r for r in doc["arms"] if r["name"] in sweep]
+    if sw:
+        lines += [f"## Synthetic-fraction sweep: {cfg.sweep.label or cfg.sweep.name}", ""]
+        lines += table(sw, "Arm") + [""]
+    claim = doc.get("claim")
+    if claim:
+        verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "UNDECIDED"}[claim["holds"]]
+        lines += ["## Claim", "",
+                  f"`{claim['arm']}` beats {', '.join(f'`{b}`' for b in claim['beats'])} on "
+                  f"{', '.join(claim['panels'])} ({claim['rule']}): **{verdict}**", ""]
+        for c in claim["checks"]:
+            m = f" (margin {100 * c['margin']:+.0f} points)" if "margin" in c else ""
+            lines.append(f"- {c['panel']}: `{c['arm']}` {c['result']} `{c['other']}`{m}")
+        lines.append("")
+    done = [r for r in doc["arms"] if r["status"] == "done"]
+    if done:
+        lines += ["## Training", "", "| Arm | Frames real / synthetic | Final loss | Step time (s) | Train wall (s) |",
+                  "|---|---|---|---|---|"]
+        for r in done:
+            fr = {p: sum(x["frames"] for x in r["data"] if x["pool"] == p) for p in ("real", "synthetic")}
+            t = r["train"]
+            lines.append(f"| {r['name']} | {fr['real']} / {fr['synthetic']} | {t['final_loss']:.4f} | "
+                         f"{t['step_time_s']:.3f} | {t['wall_s']:.0f} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+"""Closed-loop scoring of a policy in the lab: N seeded trials, success rate, Wilson 95% interval.
+
+    policy = DiffusionPolicy.from_pretrained("runs/exp/arms/real-1a2b/policy")
+    res = evaluate(policy, task="push", n_trials=50, panel="ood")
+    res["success_rate"], res["ci95"]
+
+Panels: ``id`` starts the objects where the demonstrations started (the task's regions in
+the lab cell); ``ood`` starts the task's main object (push: the cube, stack: the top cube)
+in boxes just outside its region (beyond it, before it, and out to the side), one box per
+trial in turn; ``custom`` takes region overrides from the config. A panel is the lab cell
+with other regions, so the policy meets the lab's own look and physics, built by
+``LabEnv`` itself. Trial i starts from lab seed ``episode_seed(seed, i)`` (layout, sensor
+noise) and samples its diffusion noise from a generator seeded with the same number: the
+same policy and seed give the same result. The policy executes ``n_action_steps`` of each
+predicted chunk, then re-plans; a trial ends at success or at the timeout.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from comsim.lab import LabCell, LabEnv, episode_seed, load_lab_cell
+from comsim.lab.cell import Region
+from comsim.policy.config import PanelConfig
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion (well-behaved at 0/n and n/n)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    lo = 0.0 if successes == 0 else max(0.0, centre - half)
+    hi = 1.0 if successes == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def trial_seeds(seed: int, n: int) -> list[int]:
+    return [episode_seed(seed, i) for i in range(n)]
+
+
+def main_object(cell: LabCell, task: str) -> str:
+    cfg = getattr(cell.tasks, task)
+    return cfg.cube if task == "push" else cfg.top
+
+
+def panel_layouts(cell: LabCell, task: str, panel: PanelConfig) -> list[dict[str, Region]]:
+    """Region overrides per box of a panel ([{}] = the task's own regions)."""
+    if panel.kind == "id":
+        return [{}]
+    if panel.kind == "custom":
+        return [dict(layout) for layout in panel.layouts]
+    obj = main_object(cell, task)
+    regions = getattr(cell.tasks, task).regions
+    if obj not in regions:
+        raise ValueError(f"tasks.{task}.regions has no region for {obj!r}: cannot place an OOD panel outside it")
+    r, m, w = regions[obj], panel.ood_margin, panel.ood_width
+    (x0, x1), (y0, y1) = r.x, r.y
+    side = [y0 - m - w, y0 - m] if (y0 + y1) / 2 < 0 else [y1 + m, y1 + m + w]  # away from the middle
+    boxes = [Region(x=[x1 + m, x1 + m + w], y=[y0, y1], yaw=list(r.yaw)),  # beyond (farther from the robot)
+             Region(x=[x0 - m - w, x0 - m], y=[y0, y1], yaw=list(r.yaw)),  # before (closer to the robot)
+             Region(x=[x0, x1], y=side, yaw=list(r.yaw))]  # out to the side
+    return [{obj: b} for b in boxes]
+
+
+def panel_cell(cell: LabCell, task: str, layout: dict[str, Region]) -> LabCell:
+    if not layout:
+        return cell
+    cell = copy.deepcopy(cell)
+    regions = getattr(cell.tasks, task).regions
+    for name, region in layout.items():
+        if name not in regions:
+            raise ValueError(f"panel layout: no object {name!r} in tasks.{task}.regions {sorted(regions)}")
+        regions[name] = region
+    return cell
+
+
+def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | None = None,
+             panel: str | PanelConfig = "id", cell: LabCell | str | Path | None = None, seed: int = 100_000,
+             max_seconds: float | None = None, num_inference_steps: int | None = None,
+             video_dir: str | Path | None = None, videos: int = 0, progress: bool = True) -> dict:
+    """Run ``n_trials`` closed-loop trials of ``policy`` in the lab; returns the panel's results."""
+    panel_cfg = panel if isinstance(panel, PanelConfig) else PanelConfig(kind=panel)
+    name = panel if isinstance(panel, str) else panel_cfg.kind
+    base = cell if isinstance(cell, LabCell) else load_lab_cell(cell)
+    seeds = list(seeds) if seeds is not None else trial_seeds(seed, n_trials)
+    if len(seeds) != n_trials:
+        raise ValueError(f"evaluate: {len(seeds)} seeds for {n_trials} trials")
+    layouts = panel_layouts(base, task, panel_cfg)
+    policy.eval()
+    trials, t0 = [], time.time()
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=n_trials, desc=f"eval {task}/{name}", unit="trial")
+    for b, layout in enumerate(layouts):
+        mine = list(range(b, n_trials, len(layouts)))  # trial i uses box i % len(layouts)
+        if not mine:
+            continue
+        with LabEnv(panel_cell(base, task, layout), task) as env:
+            limit = env.max_frames if max_seconds is None else min(env.max_frames, math.ceil(max_seconds * env.fps))
+            for i in mine:
+                trials.append(_trial(policy, env, seeds[i], i, b, limit, num_inference_steps,
+                                     Path(video_dir) / f"{name}_trial{i:03d}.mp4" if video_dir and i < videos else None))
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(success=sum(t["success"] for t in trials))
+    if bar is not None:
+        bar.close()
+    trials.sort(key=lambda t: t["trial"])
+    k = sum(t["success"] for t in trials)
+    lo, hi = wilson_interval(k, n_trials)
+    return {"panel": name, "kind": panel_cfg.kind, "task": task, "n_trials": n_trials, "successes": k,
+            "success_rate": k / n_trials, "ci95": [lo, hi], "layouts": [
+                {o: {"x": r.x, "y": r.y, "yaw": r.yaw} for o, r in lay.items()} for lay in layouts],
+            "max_frames": limit, "wall_s": time.time() - t0, "trials": trials}
+
+
+def _trial(policy, env: LabEnv, seed: int, index: int, box: int, limit: int, steps: int | None,
+           video: Path | None) -> dict:
+    obs = env.reset(seed)
+    start = _object_xy(env)
+    policy.reset()
+    gen = torch.Generator().manual_seed(int(seed))
+    frames = [obs["image"]] if video else None
+    success, n = False, 0
+    for n in range(1, limit + 1):
+        action = policy.select_action(obs, gen, num_inference_steps=steps)
+        action[7] = np.clip(action[7], 0.0, 1.0)  # gripper command in [0, 1] (CONTRACTS.md)
+        obs, success, done = env.step(action)
+        if frames is not None:
+            frames.append(obs["image"])
+        if success or done:
+            break
+    if video is not None:
+        from comsim.io.video import write_video
+        video.parent.mkdir(parents=True, exist_ok=True)
+        write_video(video, np.stack(frames), env.fps)
+    return {"trial": index, "seed": int(seed), "box": box, "success": bool(success), "steps": n,
+            "start_xy": start, "final_xy": _object_xy(env)}
+
+
+def _object_xy(env: LabEnv) -> dict[str, list[float]]:
+    return {name: [round(float(v), 4) for v in p[:2]] for name, p in env.truth().object_pos.items()}

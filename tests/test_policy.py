@@ -1,0 +1,418 @@
+"""comsim.policy: Diffusion Policy, mixtures, closed-loop scoring in the lab, the experiment.
+
+Fast by default (~2 min on 2 cores): one recorded lab episode (real MuJoCo, real EGL
+rendering) is the real data; the "synthetic" datasets are that episode re-written with
+pseudo_real / sim provenance (the sim one under the camera key front_sim, with a tint), so
+mixtures, provenance pools and camera mapping are exercised on genuine files.
+`pytest -m slow tests/test_policy.py` trains a tiny policy long enough to move the arm.
+"""
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import yaml  # noqa: E402
+
+from comsim.config import ConfigError  # noqa: E402
+from comsim.episode import Episode, Provenance  # noqa: E402
+from comsim.io.lerobot import LeRobotDataset, write_dataset  # noqa: E402
+from comsim.lab import record_dataset  # noqa: E402
+from comsim.policy import (DiffusionPolicy, MixtureConfig, MixtureDataset, PolicyRunConfig, SourceConfig,  # noqa: E402
+                           TrainConfig, diffusion_config, evaluate, load_experiment, run_experiment, train_policy,
+                           trial_seeds, wilson_interval)
+from comsim.policy.rollout import panel_layouts  # noqa: E402
+from comsim.policy.config import PanelConfig  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = {"preset": "tiny"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """{"real": lab dataset (1 recorded episode), "pseudo": pseudo_real copy, "sim": sim copy (front_sim)}."""
+    root = tmp_path_factory.mktemp("policy_data")
+    real = record_dataset("push", episodes=1, out=root / "lab", seed=3)
+    ep = LeRobotDataset(real).read_episode(0)
+
+    def copy(source, cam, tint, seed):
+        frames = np.clip(ep.frames["front"].astype(np.int16) + tint, 0, 255).astype(np.uint8)
+        return Episode(frames={cam: frames}, action=ep.action, state=ep.state, fps=ep.fps, task=ep.task,
+                       success=ep.success, provenance=Provenance(source=source, task="push", seed=seed))
+
+    pseudo = write_dataset(root / "pseudo", [copy("pseudo_real", "front", 10, 11), copy("pseudo_real", "front", -10, 12)],
+                           fps=ep.fps)
+    sim = write_dataset(root / "sim", [copy("sim", "front_sim", 30, 21)], fps=ep.fps)
+    return {"real": str(real), "pseudo": str(pseudo), "sim": str(sim), "root": root}
+
+
+def tiny_policy(stats=None, **kw):
+    torch.manual_seed(0)
+    return DiffusionPolicy(diffusion_config({**TINY, **kw}), stats=stats)
+
+
+def fake_batch(cfg, B=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    H, W = cfg.image_size
+    return {"images": torch.randint(0, 256, (B, cfg.n_obs_steps, 3, H, W), generator=g, dtype=torch.uint8),
+            "state": torch.randn(B, cfg.n_obs_steps, cfg.state_dim, generator=g),
+            "action": torch.rand(B, cfg.horizon, cfg.action_dim, generator=g) * 2 - 1}
+
+
+# ---------------------------------------------------------------- model
+
+
+def test_model_forward_backward_shapes():
+    p = tiny_policy().train()
+    cfg = p.config
+    batch = fake_batch(cfg)
+    cond = p.global_cond(batch["images"], batch["state"], torch.Generator().manual_seed(0))
+    assert cond.shape == (2, (cfg.spatial_softmax_num_keypoints * 2 + cfg.state_dim) * cfg.n_obs_steps)
+    loss = p.compute_loss(batch, torch.Generator().manual_seed(0))
+    loss.backward()
+    grads = [q.grad for q in p.parameters() if q.requires_grad]
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    assert p.unet(torch.randn(3, cfg.horizon, cfg.action_dim), torch.tensor([0, 5, 99]), torch.randn(3, cond.shape[1])
+                  ).shape == (3, cfg.horizon, cfg.action_dim)
+    # The default config is LeRobot's: ResNet-18 (GroupNorm, no BatchNorm), 84x84 crops, U-Net (512, 1024, 2048).
+    d = diffusion_config({})
+    assert (d.horizon, d.n_obs_steps, d.n_action_steps, d.crop_shape, d.down_dims) == (16, 2, 8, (84, 84), (512, 1024, 2048))
+    enc = tiny_policy().rgb_encoder
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in enc.modules())
+    assert any(isinstance(m, torch.nn.GroupNorm) for m in enc.modules())
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="policy.horizon"):
+        diffusion_config({"horizon": 10})
+    with pytest.raises(ConfigError, match="policy.preset"):
+        diffusion_config({"preset": "huge"})
+    with pytest.raises(ConfigError, match="n_action_steps"):
+        diffusion_config({"n_action_steps": 16})
+
+
+def test_ddim_sampling_shape_and_determinism():
+    p = tiny_policy().eval()
+    b = fake_batch(p.config, B=3)
+    a1 = p.sample_actions(b["images"], b["state"], torch.Generator().manual_seed(7))
+    a2 = p.sample_actions(b["images"], b["state"], torch.Generator().manual_seed(7))
+    a3 = p.sample_actions(b["images"], b["state"], torch.Generator().manual_seed(8))
+    assert a1.shape == (3, 16, 8)
+    assert torch.equal(a1, a2) and not torch.equal(a1, a3)
+    assert len(p.sampler.timesteps) == p.config.num_inference_steps  # DDIM, not the 100 DDPM steps
+    # Outputs are unnormalised with the stored stats (clip_sample keeps them within [min, max]).
+    p2 = tiny_policy(stats={"action": {"min": np.full(8, 2.0), "max": np.full(8, 4.0)},
+                            "observation.state": {"min": np.zeros(8), "max": np.ones(8)}}).eval()
+    a = p2.sample_actions(b["images"], b["state"], torch.Generator().manual_seed(7))
+    assert a.min() >= 2.0 - 1e-5 and a.max() <= 4.0 + 1e-5
+
+
+def test_save_load_reproduces_actions_exactly(tmp_path):
+    stats = {"action": {"min": np.linspace(-1, 0, 8), "max": np.linspace(1, 2, 8)},
+             "observation.state": {"min": -np.ones(8), "max": np.ones(8)}}
+    p = tiny_policy(stats)
+    p.save_pretrained(tmp_path / "pol")
+    assert {f.name for f in (tmp_path / "pol").iterdir()} == {"config.json", "model.safetensors"}
+    q = DiffusionPolicy.from_pretrained(tmp_path / "pol")
+    assert q.config == p.config
+    rng = np.random.default_rng(0)
+    obs = [{"image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8), "state": rng.normal(size=8)} for _ in range(10)]
+    outs = []
+    for pol in (p, q):
+        pol.eval().reset()
+        g = torch.Generator().manual_seed(3)
+        outs.append(np.stack([pol.select_action(o, g) for o in obs]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    with pytest.raises(FileNotFoundError, match="not a saved DiffusionPolicy"):
+        DiffusionPolicy.from_pretrained(tmp_path)
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_mixture_achieves_the_synthetic_fraction(data):
+    cfg = diffusion_config(TINY)
+    mix = MixtureDataset(MixtureConfig([SourceConfig(data["real"]), SourceConfig(data["pseudo"])], 0.3), cfg)
+    assert [p.pool for p in mix.parts] == ["real", "synthetic"]
+    rng = np.random.default_rng(0)
+    n = 0
+    for _ in range(50):
+        b = mix.sample(40, rng)
+        n += int(b["is_synthetic"].sum())
+    assert mix.sampled_fraction == n / 2000
+    assert abs(mix.sampled_fraction - 0.3) < 3 * np.sqrt(0.3 * 0.7 / 2000)
+    assert mix.summary()["drawn"] == {"real": 2000 - n, "synthetic": n}
+    # Natural fraction: proportional to frames (1 real episode, 2 pseudo-real copies of it).
+    nat = MixtureDataset(MixtureConfig([SourceConfig(data["real"]), SourceConfig(data["pseudo"])]), cfg)
+    assert nat.synthetic_fraction == pytest.approx(2 / 3)
+
+
+def test_mixture_windows_camera_mapping_and_stats(data):
+    cfg = diffusion_config(TINY)
+    mix = MixtureDataset(MixtureConfig([SourceConfig(data["real"]), SourceConfig(data["sim"], camera="front_sim")], 0.5),
+                         cfg)
+    b = mix.sample(16, np.random.default_rng(1))
+    assert b["images"].shape == (16, 2, 3, 64, 64) and b["images"].dtype == torch.uint8
+    assert b["state"].shape == (16, 2, 8) and b["action"].shape == (16, 16, 8) and b["action_is_pad"].shape == (16, 16)
+    # Windows: observations end at the drawn frame, actions start with the oldest observation.
+    ep = LeRobotDataset(data["real"]).read_episode(0, cameras=[])
+    part = mix.parts[0]
+    for r in (0, 5, len(ep) - 3):
+        lo, hi = part.ep_start[r], part.ep_end[r]
+        assert (lo, hi) == (0, len(ep))
+    s = mix.stats()
+    np.testing.assert_allclose(s["action"]["min"], ep.action.min(0))
+    np.testing.assert_allclose(s["observation.state"]["max"], ep.state.max(0))
+    # The sim render is what the policy sees for sim data: tinted frames, different from the real ones.
+    real_px = mix.parts[0].frames.astype(float).mean()
+    sim_px = mix.parts[1].frames.astype(float).mean()
+    assert sim_px > real_px + 10
+
+
+def test_window_padding_at_episode_edges(data):
+    cfg = diffusion_config(TINY)
+    mix = MixtureDataset(MixtureConfig([SourceConfig(data["real"])]), cfg)
+    part = mix.parts[0]
+    L = len(part.action)
+    first = last = None
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        b = mix.sample(32, rng)
+        for i in range(32):
+            pad = b["action_is_pad"][i].numpy()
+            if pad[0]:
+                first = (b, i)  # drawn frame 0: the previous observation is the first one repeated
+            if pad[-1]:
+                last = (b, i)
+    b, i = first
+    assert torch.equal(b["images"][i, 0], b["images"][i, 1])
+    assert torch.equal(b["action"][i, 0], torch.from_numpy(part.action[0]))
+    b, i = last
+    assert torch.equal(b["action"][i, -1], torch.from_numpy(part.action[L - 1]))
+
+
+def test_mixture_errors_name_the_field(data):
+    cfg = diffusion_config(TINY)
+    with pytest.raises(ConfigError, match=r"synthetic_fraction is 0.5 .*no source holds synthetic"):
+        MixtureDataset(MixtureConfig([SourceConfig(data["real"])], 0.5), cfg)
+    with pytest.raises(ConfigError, match=r"no source holds real.*synthetic_fraction: 1.0"):
+        MixtureDataset(MixtureConfig([SourceConfig(data["pseudo"])], 0.5), cfg)
+    with pytest.raises(ConfigError, match=r"sources\[0\].camera: .*front_sim"):
+        MixtureDataset(MixtureConfig([SourceConfig(data["sim"])]), cfg)
+    with pytest.raises(ConfigError, match=r"sources\[0\].role: 'real'.*pseudo_real"):
+        MixtureDataset(MixtureConfig([SourceConfig(data["pseudo"], role="real")]), cfg)
+    with pytest.raises(ConfigError, match=r"sources\[0\].max_episodes"):
+        MixtureDataset(MixtureConfig([SourceConfig(data["real"], max_episodes=5)]), cfg)
+    with pytest.raises(ConfigError, match=r"sources\[0\].dataset: .*info.json"):
+        MixtureDataset(MixtureConfig([SourceConfig(str(data["root"] / "nope"))]), cfg)
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_training_reduces_the_loss_and_logs_the_fraction(data, tmp_path):
+    run = PolicyRunConfig(output_dir=str(tmp_path / "run"), policy=TINY, cache_dir=str(tmp_path / "cache"),
+                          data=MixtureConfig([SourceConfig(data["real"]), SourceConfig(data["pseudo"])], 0.25),
+                          train=TrainConfig(steps=100, batch_size=16, lr=1e-3, warmup_steps=5, log_every=25, seed=1,
+                                            lr_scheduler="constant_with_warmup"))
+    log = train_policy(run, progress=False)
+    cfg = run.model_config()
+    mix = MixtureDataset(run.data, cfg, run.cache_dir)
+    fixed = mix.sample(32, np.random.default_rng(123))
+
+    def loss_of(policy):
+        policy.train()  # random crops, as in training, from fixed generators
+        with torch.no_grad():
+            return np.mean([policy.compute_loss(fixed, torch.Generator().manual_seed(s)).item() for s in range(4)])
+
+    # Predicting zero noise scores mean(noise^2) ~ 1: the trained policy must do clearly better.
+    zero = np.mean([torch.randn(fixed["action"].shape, generator=torch.Generator().manual_seed(s)).pow(2).mean().item()
+                    for s in range(4)])
+    torch.manual_seed(1)
+    before = loss_of(DiffusionPolicy(cfg, stats=mix.stats()))
+    after = loss_of(DiffusionPolicy.from_pretrained(tmp_path / "run" / "policy"))
+    assert after < before and after < 0.9 * zero, (before, after, zero)
+    # Logged: the fraction asked for and the fraction drawn, in JSON and tensorboard.
+    saved = json.loads((tmp_path / "run" / "train_log.json").read_text())
+    assert saved["mixture"]["synthetic_fraction_requested"] == 0.25
+    assert abs(saved["history"][-1]["sampled_fraction"] - 0.25) < 0.1
+    assert saved["mixture"]["drawn"]["real"] + saved["mixture"]["drawn"]["synthetic"] == 100 * 16
+    assert list((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
+    assert log["step_time_s"] > 0 and len(saved["history"]) == 4
+    assert list((tmp_path / "cache").glob("*.npy"))  # decoded frames shared by runs
+
+
+def test_training_is_deterministic_and_resumes(data, tmp_path):
+    def run(name, steps, save_every=0):
+        return PolicyRunConfig(output_dir=str(tmp_path / name), policy=TINY, cache_dir=str(tmp_path / "cache"),
+                               data=MixtureConfig([SourceConfig(data["real"])]),
+                               train=TrainConfig(steps=steps, batch_size=4, lr=1e-3, warmup_steps=2, log_every=2,
+                                                 save_every=save_every))
+    train_policy(run("a", 6), progress=False)
+    # An interrupted run (checkpoint at step 4, then killed) resumes to the same weights.
+    b = run("b", 6, save_every=4)
+    from comsim.policy import training
+    orig = training._save_checkpoint
+
+    def save_then_die(*args, **kw):
+        orig(*args, **kw)
+        raise KeyboardInterrupt
+    training._save_checkpoint = save_then_die
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_policy(b, progress=False)
+    finally:
+        training._save_checkpoint = orig
+    assert (tmp_path / "b" / "checkpoint-4").is_dir()
+    train_policy(b, progress=False)
+    from safetensors.torch import load_file
+    wa = load_file(str(tmp_path / "a" / "policy" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "policy" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not list((tmp_path / "b").glob("checkpoint-*"))
+
+
+# ---------------------------------------------------------------- rollout
+
+
+def test_wilson_interval():
+    lo, hi = wilson_interval(0, 10)
+    assert lo == 0.0 and hi == pytest.approx(0.2775, abs=1e-4)
+    lo, hi = wilson_interval(5, 10)
+    assert (lo, hi) == (pytest.approx(0.2366, abs=1e-4), pytest.approx(0.7634, abs=1e-4))
+    lo, hi = wilson_interval(10, 10)
+    assert hi == 1.0 and lo == pytest.approx(0.7225, abs=1e-4)
+
+
+def test_ood_panel_is_outside_the_demonstration_region():
+    from comsim.lab import load_lab_cell
+    cell = load_lab_cell()
+    for task, obj in (("push", cell.tasks.push.cube), ("stack", cell.tasks.stack.top)):
+        r = getattr(cell.tasks, task).regions[obj]
+        boxes = panel_layouts(cell, task, PanelConfig("ood"))
+        assert len(boxes) == 3
+        for lay in boxes:
+            b = lay[obj]
+            x_out = b.x[0] > r.x[1] or b.x[1] < r.x[0]
+            y_out = b.y[0] > r.y[1] or b.y[1] < r.y[0]
+            assert x_out or y_out
+    assert panel_layouts(cell, "push", PanelConfig("id")) == [{}]
+
+
+def test_rollout_in_the_lab_runs_n_trials(data, tmp_path):
+    mix = MixtureDataset(MixtureConfig([SourceConfig(data["real"])]), diffusion_config(TINY))
+    policy = tiny_policy(mix.stats())
+    res = evaluate(policy, "push", n_trials=4, panel="ood", max_seconds=0.5, progress=False, seed=5,
+                   video_dir=tmp_path, videos=1)
+    assert res["n_trials"] == 4 and len(res["trials"]) == 4
+    assert [t["seed"] for t in res["trials"]] == trial_seeds(5, 4)
+    assert [t["box"] for t in res["trials"]] == [0, 1, 2, 0]
+    assert all(1 <= t["steps"] <= 5 for t in res["trials"])
+    lo, hi = res["ci95"]
+    assert lo <= res["success_rate"] <= hi and res["success_rate"] == res["successes"] / 4
+    assert (tmp_path / "ood_trial000.mp4").is_file()
+    # OOD trials start where the panel says: the cube outside its demonstration region.
+    for t in res["trials"]:
+        box = res["layouts"][t["box"]]["red_cube"]
+        x, y = t["start_xy"]["red_cube"]
+        assert box["x"][0] <= x <= box["x"][1] and box["y"][0] <= y <= box["y"][1]
+    # Same seeds, same policy: same trajectories.
+    again = evaluate(policy, "push", n_trials=2, panel="ood", max_seconds=0.5, progress=False, seed=5)
+    assert again["trials"] == res["trials"][:2]
+
+
+# ---------------------------------------------------------------- experiment
+
+
+def micro_experiment(data, out: Path) -> Path:
+    real = [{"dataset": "real"}]
+    cfg = {
+        "name": "micro", "output_dir": str(out), "task": "push",
+        "datasets": {"real": {"path": data["real"]}, "sim": {"path": data["sim"]},
+                     "pseudo": {"path": data["pseudo"]},
+                     "missing": {"path": str(out / "not_there"), "build": "convert"}},
+        "arms": [
+            {"name": "real", "label": "1 real", "sources": real, "synthetic_fraction": 0.0},
+            {"name": "real_sim", "sources": real + [{"dataset": "sim", "camera": "front_sim"}],
+             "synthetic_fraction": 0.5},
+            {"name": "real_pseudo", "sources": real + [{"dataset": "pseudo"}], "synthetic_fraction": 0.5},
+            {"name": "pseudo_only", "sources": [{"dataset": "pseudo"}], "synthetic_fraction": 1.0},
+            {"name": "real_missing", "sources": real + [{"dataset": "missing"}], "synthetic_fraction": 0.5},
+        ],
+        "sweep": {"sources": real + [{"dataset": "pseudo"}], "fractions": [0.25], "label": "1 real + 2 pseudo-real"},
+        "policy": {"preset": "tiny", "num_inference_steps": 4},
+        "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
+        "eval": {"n_trials": 1, "max_seconds": 0.2, "panels": {"id": {"kind": "id"}, "ood": {"kind": "ood"}}},
+        "claim": {"arm": "real_pseudo", "beats": ["real", "real_sim"]},
+    }
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_experiment_runner_micro(data, tmp_path):
+    path = micro_experiment(data, tmp_path / "exp")
+    cfg = load_experiment(path)
+    doc = run_experiment(cfg, log=lambda *_: None, progress=False)
+    names = [a["name"] for a in doc["arms"]]
+    assert names == ["real", "real_sim", "real_pseudo", "pseudo_only", "real_missing", "sweep_f0.25"]
+    by = {a["name"]: a for a in doc["arms"]}
+    assert by["real_missing"]["status"] == "skipped" and "missing" in by["real_missing"]["reason"]
+    for n in names:
+        if n != "real_missing":
+            assert by[n]["status"] == "done" and set(by[n]["panels"]) == {"id", "ood"}
+    assert by["real"]["sampled_fraction"] == 0.0 and by["pseudo_only"]["sampled_fraction"] == 1.0
+    assert [p["camera"] for p in by["real_sim"]["data"]] == ["front", "front_sim"]
+    assert doc["claim"]["holds"] is False  # 2 training steps and 1 trial: no interval is separated
+    md = (tmp_path / "exp" / "results.md").read_text()
+    for text in ("1 real", "skipped: dataset 'missing'", "Synthetic-fraction sweep", "1 real + 2 pseudo-real @ 0.25",
+                 "## Claim", "id success", "ood success"):
+        assert text in md, text
+    saved = json.loads((tmp_path / "exp" / "results.json").read_text())
+    assert [a["name"] for a in saved["arms"]] == names
+    # Resumable: a rerun (through the CLI) recomputes nothing.
+    weights = Path(by["real"]["dir"]) / "policy" / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    out = subprocess.run([sys.executable, str(ROOT / "eval" / "eval_policy.py"), "--experiment", str(path)],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| 1 real |" in out.stdout and "training arm" not in out.stdout and "scoring arm" not in out.stdout
+    assert weights.stat().st_mtime_ns == mtime
+    # Changing the evaluation re-scores without retraining; a config typo names the key.
+    doc2 = run_experiment(load_experiment(path, ["eval.n_trials=2"]), arms=["real"], log=lambda *_: None,
+                          progress=False)
+    assert doc2["arms"][0]["panels"]["id"]["n_trials"] == 2 and weights.stat().st_mtime_ns == mtime
+    with pytest.raises(ConfigError, match=r"exp.yaml: train: unknown key\(s\) \['stepz'\]"):
+        load_experiment(path, ["train.stepz=3"])
+
+
+def test_shipped_experiment_configs_load():
+    for name in ("demo_small", "compsim_table"):
+        cfg = load_experiment(ROOT / "configs" / "experiments" / f"{name}.yaml")
+        assert cfg.claim is not None and set(cfg.eval.panels) == {"id", "ood"}
+        assert {a.name for a in cfg.all_arms()} >= {cfg.claim.arm, *cfg.claim.beats}
+
+
+@pytest.mark.slow
+def test_tiny_policy_learns_to_move_toward_the_demonstrations(data, tmp_path):
+    """A few hundred steps: the policy's first actions follow the demonstrated direction."""
+    run = PolicyRunConfig(output_dir=str(tmp_path / "run"), policy=TINY, cache_dir=str(tmp_path / "cache"),
+                          data=MixtureConfig([SourceConfig(data["real"])]),
+                          train=TrainConfig(steps=300, batch_size=32, lr=1e-3, warmup_steps=20, log_every=50))
+    log = train_policy(run, progress=False)
+    assert log["history"][-1]["loss"] < 0.5 * log["history"][0]["loss"]
+    ep = LeRobotDataset(data["real"]).read_episode(0)
+    policy = DiffusionPolicy.from_pretrained(tmp_path / "run" / "policy")
+    policy.reset()
+    g = torch.Generator().manual_seed(0)
+    pred = np.stack([policy.select_action({"image": ep.frames["front"][t], "state": ep.state[t]}, g) for t in range(8)])
+    err = np.abs(pred[:, :7] - ep.action[:8, :7]).mean()
+    base = np.abs(ep.state[:8, :7] - ep.action[:8, :7]).mean() + np.abs(ep.action[:, :7] - ep.action[:, :7].mean(0)).mean()
+    assert err < base
