@@ -337,7 +337,8 @@ def micro_experiment(data, out: Path) -> Path:
         "name": "micro", "output_dir": str(out), "task": "push",
         "datasets": {"real": {"path": data["real"]}, "sim": {"path": data["sim"]},
                      "pseudo": {"path": data["pseudo"]},
-                     "missing": {"path": str(out / "not_there"), "build": "convert"}},
+                     "missing": {"path": str(out / "not_there"), "build": "convert", "input": "sim",
+                                 "translator": str(out / "no_translator")}},
         "arms": [
             {"name": "real", "label": "1 real", "sources": real, "synthetic_fraction": 0.0},
             {"name": "real_sim", "sources": real + [{"dataset": "sim", "camera": "front_sim"}],
@@ -364,7 +365,7 @@ def test_experiment_runner_micro(data, tmp_path):
     names = [a["name"] for a in doc["arms"]]
     assert names == ["real", "real_sim", "real_pseudo", "pseudo_only", "real_missing", "sweep_f0.25"]
     by = {a["name"]: a for a in doc["arms"]}
-    assert by["real_missing"]["status"] == "skipped" and "missing" in by["real_missing"]["reason"]
+    assert by["real_missing"]["status"] == "skipped" and "no_translator does not exist" in by["real_missing"]["reason"]
     for n in names:
         if n != "real_missing":
             assert by[n]["status"] == "done" and set(by[n]["panels"]) == {"id", "ood"}
@@ -377,6 +378,7 @@ def test_experiment_runner_micro(data, tmp_path):
         assert text in md, text
     saved = json.loads((tmp_path / "exp" / "results.json").read_text())
     assert [a["name"] for a in saved["arms"]] == names
+    assert [r["arm"] for r in saved["rows"]][:2] == ["1 real", "1 lab + 1 sim (front_sim)"]
     # Resumable: a rerun (through the CLI) recomputes nothing.
     weights = Path(by["real"]["dir"]) / "policy" / "model.safetensors"
     mtime = weights.stat().st_mtime_ns
@@ -386,9 +388,12 @@ def test_experiment_runner_micro(data, tmp_path):
     assert "| 1 real |" in out.stdout and "training arm" not in out.stdout and "scoring arm" not in out.stdout
     assert weights.stat().st_mtime_ns == mtime
     # Changing the evaluation re-scores without retraining; a config typo names the key.
-    doc2 = run_experiment(load_experiment(path, ["eval.n_trials=2"]), arms=["real"], log=lambda *_: None,
-                          progress=False)
+    doc2 = run_experiment(path, overrides=["eval.n_trials=2"], arms=["real"], log=lambda *_: None, progress=False)
     assert doc2["arms"][0]["panels"]["id"]["n_trials"] == 2 and weights.stat().st_mtime_ns == mtime
+    # The demo's call: its own output folder and dataset paths (here the same ones: nothing to redo).
+    doc3 = run_experiment(path, tmp_path / "exp", datasets={"real": data["real"]}, arms=["real"], log=lambda *_: None,
+                          progress=False)
+    assert doc3["arms"][0]["dir"] == by["real"]["dir"] and weights.stat().st_mtime_ns == mtime
     with pytest.raises(ConfigError, match=r"exp.yaml: train: unknown key\(s\) \['stepz'\]"):
         load_experiment(path, ["train.stepz=3"])
 

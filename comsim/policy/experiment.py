@@ -13,10 +13,11 @@ intervals (lower bound above the other's upper bound), and the result says wheth
 
 Resumable: arm ``a`` lives in ``output_dir/arms/<a>-<hash of its data, policy and training
 config>``; a finished policy is not retrained, a finished panel not re-scored (its file is
-keyed by the eval config), so rerunning the command only does what is missing. Missing lab
-datasets are recorded (``build: lab``); a dataset that cannot be built yet (sim or
-pseudo-real generation, ``build: factory | convert``) makes the arms that need it skip, with
-the reason in the table.
+keyed by the eval config), so rerunning the command only does what is missing. Missing
+datasets are built by the earlier stages' library code as their spec says (``build: lab``
+records demonstrations, ``factory`` generates sim episodes, ``convert`` translates them into
+pseudo-real ones); an arm whose data cannot be made (no translator yet, no ``build``) is
+skipped, with the reason in the table.
 """
 from __future__ import annotations
 
@@ -39,14 +40,28 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 @dataclass
 class DatasetSpec:
+    """A dataset of the experiment, and how to make it when ``path`` holds none (``build``):
+    lab: record scripted demonstrations in the lab (comsim.lab.record_dataset);
+    factory: generate sim episodes (comsim.factory.generate_dataset; render under <cam>_sim);
+    convert: translate the sim dataset ``input`` with the translator ``translator`` (comsim.convert)."""
     path: str
-    build: str | None = None  # lab: record it with comsim.lab when missing | factory | convert (not wired yet)
-    episodes: int = 10  # lab build: demonstrations to record
-    seed: int = 0  # lab build: recording seed
+    build: str | None = None  # lab | factory | convert | null (must exist)
+    episodes: int = 10  # lab / factory: how many
+    seed: int = 0
+    program: str | None = None  # factory: task YAML or built-in name; default: the experiment's task
+    split: str = "id"  # factory: layout split
+    input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
+    translator: str | None = None  # convert: the translator's folder
+    w_action: float = 1.0  # convert: guidance weights and sampling steps
+    w_sim: float = 1.0
+    steps: int = 20
+    workers: int = 1  # factory / convert: processes
 
     def __post_init__(self):
         if self.build is not None and self.build not in BUILDS:
             raise ConfigError(f"build: expected one of {BUILDS} or null, got {self.build!r}")
+        if self.build == "convert" and not (self.input and self.translator):
+            raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")
 
 
 @dataclass
@@ -96,6 +111,9 @@ class ExperimentConfig:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ConfigError(f"arms: duplicate arm names {dup}")
+        for name, d in self.datasets.items():
+            if d.build == "convert" and d.input not in self.datasets:
+                raise ConfigError(f"datasets.{name}.input: no dataset {d.input!r}; datasets are {sorted(self.datasets)}")
         if self.sweep is not None:
             for f in self.sweep.fractions:
                 if not 0 <= f <= 1:
@@ -110,6 +128,9 @@ class ExperimentConfig:
 
     def all_arms(self) -> list[ArmConfig]:
         arms = list(self.arms)
+        for name, d in self.datasets.items():
+            if d.build == "convert" and d.input not in self.datasets:
+                raise ConfigError(f"datasets.{name}.input: no dataset {d.input!r}; datasets are {sorted(self.datasets)}")
         if self.sweep is not None:
             for f in self.sweep.fractions:
                 arms.append(ArmConfig(name=f"{self.sweep.name}_f{f:g}", sources=self.sweep.sources,
@@ -154,25 +175,47 @@ def eval_key(cfg: ExperimentConfig, panel: str) -> str:
 
 
 def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[str, str | None]:
-    """Make the named datasets exist; returns name -> None (ready) or why it is missing."""
-    status = {}
-    for name in sorted(names):
+    """Make the named datasets exist (building what their spec says); returns name -> None
+    (ready) or why it is missing."""
+    status: dict[str, str | None] = {}
+
+    def ensure(name: str) -> str | None:
+        if name in status:
+            return status[name]
         spec = cfg.datasets[name]
         path = Path(spec.path)
+        why = None
         if (path / "meta" / "info.json").is_file():
-            status[name] = None
+            pass
         elif spec.build == "lab":
             from comsim.lab import record_dataset
             log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {path}")
             record_dataset(cfg.task, spec.episodes, path, seed=spec.seed, cell=cfg.cell, resume=True)
-            status[name] = None
+        elif spec.build == "factory":
+            from comsim.factory.generate import generate_dataset
+            log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
+            generate_dataset(spec.program or cfg.task, spec.episodes, path, workers=spec.workers, seed=spec.seed,
+                             split=spec.split)
+        elif spec.build == "convert":
+            upstream = None
+            if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
+                why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "
+                       f"(train one with train/train_translator.py, or set datasets.{name}.translator)")
+            elif upstream := ensure(spec.input):
+                why = f"dataset {name!r} needs {spec.input!r}: {upstream}"
+            else:
+                from comsim.convert import convert_dataset
+                log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
+                convert_dataset(spec.translator, cfg.datasets[spec.input].path, path, w_action=spec.w_action,
+                                w_sim=spec.w_sim, steps=spec.steps, seed=spec.seed, workers=spec.workers)
         else:
-            how = {None: "it has no `build`",
-                   "factory": "sim generation (comsim.factory) is not wired into the experiment yet",
-                   "convert": "pseudo-real conversion (comsim.convert) is not wired into the experiment yet"}[spec.build]
-            status[name] = (f"dataset {name!r} ({path}) not found and {how}; produce it and set "
-                            f"datasets.{name}.path to it")
-    return status
+            why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
+        status[name] = why
+        return why
+
+    for n in sorted(names):
+        ensure(n)
+    return {n: status[n] for n in sorted(names)}
 
 
 # ----------------------------------------------------------------------------- running
@@ -234,8 +277,22 @@ def _label(parts: list[dict]) -> str:
     return " + ".join(f"{n} {k}" for k, n in counts.items())
 
 
-def run_experiment(cfg: ExperimentConfig, arms: list[str] | None = None, log=print, progress: bool = True) -> dict:
-    """Train and score every arm (or the named ones) that has its data; write results.json/.md."""
+def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | None = None,
+                   datasets: dict[str, str | Path] | None = None, arms: list[str] | None = None,
+                   overrides: list[str] | None = None, log=print, progress: bool = True) -> dict:
+    """Train and score every arm (or the named ones) that has its data; write results.json/.md.
+
+    ``cfg``: an ExperimentConfig or its YAML (with dotted ``overrides``); ``output_dir`` and
+    ``datasets`` ({name: path}) replace the config's, e.g. for a demo that made the data itself.
+    Returns the results document (``rows``: one flat row per arm, for reports)."""
+    if not isinstance(cfg, ExperimentConfig):
+        cfg = load_experiment(cfg, overrides)
+    if output_dir is not None:
+        cfg = dataclasses.replace(cfg, output_dir=str(output_dir))
+    for name, path in (datasets or {}).items():
+        if name not in cfg.datasets:
+            raise ConfigError(f"datasets: the experiment {cfg.name!r} has no dataset {name!r} ({sorted(cfg.datasets)})")
+        cfg.datasets[name] = dataclasses.replace(cfg.datasets[name], path=str(path))
     all_arms = cfg.all_arms()
     if arms:
         unknown = sorted(set(arms) - {a.name for a in all_arms})
@@ -290,12 +347,22 @@ def judge_claim(cfg: ExperimentConfig, results: list[dict]) -> dict | None:
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     out = Path(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
-           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results)}
+           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(out / "results.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     with atomic_output(out / "results.md") as tmp:
         tmp.write_text(render_markdown(cfg, doc))
     return doc
+
+
+def _rows(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
+    rows = []
+    for r in results:
+        row = {"arm": r.get("label") or r["name"], "synthetic fraction (asked / drawn)": _fraction(r)}
+        for p in cfg.eval.panels:
+            row[f"{p} success [95% CI]"] = _cell(r, p) if r["status"] == "done" else f"skipped: {r['reason']}"
+        rows.append(row)
+    return rows
 
 
 def _cell(r: dict, panel: str) -> str:
