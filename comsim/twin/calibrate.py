@@ -82,8 +82,12 @@ def flag_frames(M: np.ndarray, trusted_hint=None) -> dict[int, dict]:
 
 
 def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float = 540.0, seed: int = 0,
-                     init_T: np.ndarray | None = None, log=print) -> dict:
-    """Fit T_cam_from_base to the frames; returns the result dict (see module docstring)."""
+                     init_T: np.ndarray | None = None, fine_visual: str = "full", coarse: bool = True,
+                     log=print) -> dict:
+    """Fit T_cam_from_base to the frames; returns the result dict (see module docstring).
+
+    ``coarse=False`` skips the global search (the start is already within ~1 cm).
+    """
     t_start = time.perf_counter()
 
     def elapsed():
@@ -91,11 +95,11 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float 
 
     W, H = fr.size
     sizes = _sizes(W, H)
-    targets = MaskTargets(fr.masks)
+    targets = MaskTargets(fr.masks, fr.valid)
     n = len(fr.names)
     frames = list(range(n))
     light = RobotSilhouette(robot, fr.K, W, H, visual="light")
-    full = RobotSilhouette(robot, fr.K, W, H, visual="full")
+    full = RobotSilhouette(robot, fr.K, W, H, visual=fine_visual)
     try:
         fast = SilhouetteScorer(light, fr.joints, fr.fingers, targets)
         exact = SilhouetteScorer(full, fr.joints, fr.fingers, targets)
@@ -103,12 +107,14 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float 
         if T0 is None:
             T0 = viewpoint_search(fast, frames, sizes["coarse"])
             log(f"[calibrate] no initial pose given; best look-at viewpoint {elapsed():.0f}s")
-        T, s = coarse_search(fast, T0, frames, sizes["coarse"], sigma_rot=0.15, sigma_trans=0.15, iters=12, pop=32,
-                             seed=seed)
-        T, s = coarse_search(fast, T, frames, sizes["coarse"], sigma_rot=0.05, sigma_trans=0.05, iters=10, pop=24,
-                             seed=seed + 1)
-        log(f"[calibrate] coarse search: trimmed mean IoU {s:.3f} ({elapsed():.0f}s)")
-        T, _ = refine_contour(fast, T, frames, sizes["mid"], scale_px=5.0, outer=12)
+        T = T0
+        if coarse:
+            T, s = coarse_search(fast, T0, frames, sizes["coarse"], sigma_rot=0.15, sigma_trans=0.15, iters=12,
+                                 pop=32, seed=seed)
+            T, s = coarse_search(fast, T, frames, sizes["coarse"], sigma_rot=0.05, sigma_trans=0.05, iters=10,
+                                 pop=24, seed=seed + 1)
+            log(f"[calibrate] coarse search: trimmed mean IoU {s:.3f} ({elapsed():.0f}s)")
+            T, _ = refine_contour(fast, T, frames, sizes["mid"], scale_px=5.0, outer=12)
         T, _ = refine_contour(fast, T, frames, sizes["mid"], scale_px=2.0, outer=8)
 
         trusted, flags = frames, {}

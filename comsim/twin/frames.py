@@ -45,6 +45,7 @@ class CalibrationFrames:
     dist: np.ndarray | None = None  # the distortion that was removed
     init_T: np.ndarray | None = None
     folder: Path | None = None
+    valid: np.ndarray | None = None  # (H, W) or (N, H, W): where the masks are known (None: everywhere)
 
     @property
     def size(self) -> tuple[int, int]:

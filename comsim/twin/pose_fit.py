@@ -75,31 +75,51 @@ class MaskTargets:
 
     ``soft`` are float masks (N, H, W) in [0, 1] at the calibration image size; a soft
     boundary (blurred, anti-aliased, or undistorted with interpolation) is kept as
-    sub-pixel information by the signed distance maps.
+    sub-pixel information by the signed distance maps. ``valid`` (H, W) or (N, H, W),
+    optional, marks pixels where the mask is known at all (e.g. where a background model
+    exists); the rest counts neither for nor against a pose.
     """
     soft: np.ndarray
+    valid: np.ndarray | None = None
 
     def __post_init__(self):
         self.soft = np.asarray(self.soft, np.float32)
+        if self.valid is not None:
+            v = np.asarray(self.valid, bool)
+            self.valid = np.broadcast_to(v, self.soft.shape) if v.ndim == 2 else v
+            # Unknown pixels become "robot" for the distance maps: they only ever hide the
+            # robot's base (always covered), and the fit ignores contour points landing there.
+            self.soft = np.where(self.valid, self.soft, 1.0).astype(np.float32)
         self._binary: dict[tuple[int, int], np.ndarray] = {}
+        self._valid: dict[tuple[int, int], np.ndarray] = {}
         self._sdf: dict[int, tuple] = {}
 
     @property
     def size(self) -> tuple[int, int]:
         return self.soft.shape[2], self.soft.shape[1]
 
+    def _resize(self, stack: np.ndarray, w: int, h: int) -> np.ndarray:
+        if (w, h) == self.size:
+            return stack > 0.5
+        return np.stack([cv2.resize(m.astype(np.float32), (w, h), interpolation=cv2.INTER_AREA) > 0.5
+                         for m in stack])
+
     def binary(self, w: int, h: int) -> np.ndarray:
         if (w, h) not in self._binary:
-            if (w, h) == self.size:
-                self._binary[(w, h)] = self.soft > 0.5
-            else:
-                self._binary[(w, h)] = np.stack([cv2.resize(m, (w, h), interpolation=cv2.INTER_AREA) > 0.5
-                                                 for m in self.soft])
+            self._binary[(w, h)] = self._resize(self.soft, w, h)
         return self._binary[(w, h)]
 
-    def sdf(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Signed distance of mask ``i`` in image pixels (> 0 outside), its gradient, and
-        the upsampling factor ``f`` of the maps (sample them at ``f * (u + 0.5) - 0.5``)."""
+    def valid_at(self, w: int, h: int) -> np.ndarray | None:
+        if self.valid is None:
+            return None
+        if (w, h) not in self._valid:
+            self._valid[(w, h)] = self._resize(self.valid, w, h)
+        return self._valid[(w, h)]
+
+    def sdf(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, int]:
+        """Signed distance of mask ``i`` in image pixels (> 0 outside), its gradient, a
+        validity map (or None), and the upsampling factor ``f`` of the maps (sample them
+        at ``f * (u + 0.5) - 0.5``)."""
         if i not in self._sdf:
             H, W = self.soft.shape[1:]
             f = int(max(1, 1024 // max(W, H)))
@@ -110,7 +130,13 @@ class MaskTargets:
             # Pixel centres either side of an edge are half a (fine) pixel from it.
             sdf = np.where(inside > 0, -(d_in - 0.5), d_out - 0.5) / f
             gy, gx = np.gradient(sdf)
-            self._sdf[i] = (sdf.astype(np.float32), (gx * f).astype(np.float32), (gy * f).astype(np.float32), f)
+            valid = None
+            if self.valid is not None:  # contour points within 2 px of unknown pixels do not count
+                v = cv2.erode(self.valid[i].astype(np.uint8), np.ones((5, 5), np.uint8), borderType=cv2.BORDER_CONSTANT,
+                              borderValue=1)
+                valid = cv2.resize(v.astype(np.float32), (W * f, H * f), interpolation=cv2.INTER_NEAREST)
+            self._sdf[i] = (sdf.astype(np.float32), (gx * f).astype(np.float32), (gy * f).astype(np.float32),
+                            valid, f)
         return self._sdf[i]
 
 
@@ -133,19 +159,24 @@ class SilhouetteScorer:
         self.sil.set_joints(self.joints[j], self.fingers[j])
         return self.sil.mask(w, h)
 
+    def _iou(self, rendered: np.ndarray, i: int, w: int, h: int) -> float:
+        obs = self.targets.binary(w, h)[i]
+        valid = self.targets.valid_at(w, h)
+        if valid is None:
+            return iou(rendered, obs)
+        return iou(rendered & valid[i], obs & valid[i])
+
     def per_frame(self, T: np.ndarray, frames, w: int, h: int) -> np.ndarray:
-        obs = self.targets.binary(w, h)
-        return np.array([iou(self.render(T, i, w, h), obs[i]) for i in frames])
+        return np.array([self._iou(self.render(T, i, w, h), i, w, h) for i in frames])
 
     def matrix(self, T: np.ndarray, w: int, h: int) -> np.ndarray:
         """IoU[i, j]: image i's mask against the silhouette at joint vector j."""
-        obs = self.targets.binary(w, h)
         n = len(self.joints)
         out = np.zeros((n, n))
         for j in range(n):
             m = self.render(T, j, w, h)
             for i in range(n):
-                out[i, j] = iou(m, obs[i])
+                out[i, j] = self._iou(m, i, w, h)
         return out
 
 
@@ -203,12 +234,18 @@ def _contour_points(scorer: SilhouetteScorer, T: np.ndarray, frame: int, w: int,
 
 def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size: tuple[int, int],
                    outer: int = 6, inner: int = 8, scale_px: float = 2.0,
-                   frame_weights=None) -> tuple[np.ndarray, dict]:
+                   frame_weights=None, fit_offset: bool = False) -> tuple[np.ndarray, dict]:
     """Levenberg-Marquardt on contour signed distances; returns the pose and a log.
 
     ``render_size`` sets how finely contours are sampled (it may exceed the mask size:
     the boundary is then located to a fraction of an observed pixel). ``scale_px`` is the
     robust scale: residuals much larger than it are mostly ignored (Geman-McClure).
+
+    ``fit_offset`` also fits one signed distance offset (px) for all contours: masks
+    derived from images are often uniformly dilated or eroded by a fraction of a pixel
+    (blur against a dark background), and left unmodelled that reads as a wrong camera
+    distance (1 % of scale is ~1.4 cm at 1.4 m). Contours of varied depth separate the
+    two: an offset is constant in pixels, a depth change scales each part by 1/Z.
     """
     W, H = scorer.targets.size
     fx, fy, cx, cy = scorer.sil.K_at(W, H)
@@ -216,6 +253,7 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
     # Rendered contour pixels are half a render pixel inside the rendered boundary.
     bias = 0.5 * W / rw
     T = T0.copy()
+    offset = 0.0
     log = {"outer": []}
     fw = np.ones(len(frames)) if frame_weights is None else np.asarray(frame_weights, np.float64)
     for _ in range(outer):
@@ -234,14 +272,16 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
             z = Xc[:, 2]
             u, v = fx * Xc[:, 0] / z + cx, fy * Xc[:, 1] / z + cy
             r = np.empty(len(P))
-            gu, gv = np.empty(len(P)), np.empty(len(P))
+            gu, gv, ok = np.empty(len(P)), np.empty(len(P)), np.ones(len(P))
             for k, i in enumerate(frames):
                 sel = ids == k
-                sdf, gx, gy, f = scorer.targets.sdf(i)
+                sdf, gx, gy, valid, f = scorer.targets.sdf(i)
                 xs, ys = f * (u[sel] + 0.5) - 0.5, f * (v[sel] + 0.5) - 0.5
                 r[sel] = _bilinear(sdf, xs, ys) + bias
                 gu[sel], gv[sel] = _bilinear(gx, xs, ys), _bilinear(gy, xs, ys)
-            return r, gu, gv, Xc
+                if valid is not None:
+                    ok[sel] = _bilinear(valid, xs, ys) > 0.5
+            return (r + offset) * ok, gu * ok, gv * ok, Xc  # unknown pixels: zero residual, zero gradient
 
         def cost(r):
             return float(np.sum(norm * scale_px**2 * np.log1p((r / scale_px) ** 2)))
@@ -257,16 +297,23 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
             dv = np.stack([np.zeros_like(Z), fy / Z, -fy * Y / Z**2], 1)
             dX = gu[:, None] * du + gv[:, None] * dv  # d r / d Xc
             J = np.concatenate([np.cross(Xc, dX), dX], 1)  # d r / d(w) = Xc x dX
+            if fit_offset:
+                J = np.concatenate([J, (r != 0)[:, None].astype(np.float64)], 1)
             wts = norm / (1.0 + (r / scale_px) ** 2)
             A = (J * wts[:, None]).T @ J
             b = -(J * wts[:, None]).T @ r
             improved = False
             for _ in range(6):
                 delta = np.linalg.solve(A + lam * np.diag(np.diag(A) + 1e-12), b)
-                Tn = perturb(T, delta)
+                Tn = perturb(T, delta[:6])
+                old_offset = offset
+                if fit_offset:
+                    offset += delta[6]
                 rn, gun, gvn, Xcn = residuals(Tn)
                 cn = cost(rn)
-                if cn < c0:
+                if cn >= c0:
+                    offset = old_offset
+                else:
                     T, r, gu, gv, Xc, c0 = Tn, rn, gun, gvn, Xcn, cn
                     lam = max(lam / 3, 1e-6)
                     improved = True
@@ -275,7 +322,8 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
             if not improved or np.abs(delta).max() < 1e-6:
                 break
         step = pose_error(T, start)
-        log["outer"].append({"points": int(len(P)), "cost": c0, "step_m": step[0], "step_deg": step[1]})
+        log["outer"].append({"points": int(len(P)), "cost": c0, "step_m": step[0], "step_deg": step[1],
+                             "offset_px": offset})
         if step[0] < 2e-5 and step[1] < 2e-3:
             break
     return T, log
