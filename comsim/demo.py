@@ -1,0 +1,227 @@
+"""`make demo`: the whole loop on the built-in lab, at small scale, ending in a report.
+
+    lab record -> twin calibrate + replay (paired) -> translator training (tiny)
+      -> factory generate (sim) -> convert (pseudo-real) -> video metrics
+      -> policy experiment -> HTML report
+
+Every step writes into ``out/<step>`` and is skipped when its output is complete, so an
+interrupted demo resumes where it stopped. ``profile="full"`` runs the experiment at the
+sizes of the Compositional Simulation table (hours on a GPU machine).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from comsim.io.lerobot import LeRobotDataset
+from comsim.report.html import Report
+
+
+@dataclass
+class DemoProfile:
+    task: str = "push"
+    real_episodes: int = 10
+    sim_episodes: int = 20
+    translator_steps: int = 400
+    translator_minutes: float = 8.0
+    policy_experiment: str = "configs/experiments/demo_small.yaml"
+
+
+PROFILES = {
+    "small": DemoProfile(),
+    "full": DemoProfile(real_episodes=10, sim_episodes=200, translator_steps=20000, translator_minutes=600.0,
+                        policy_experiment="configs/experiments/compsim_table.yaml"),
+}
+
+
+def _done(path: Path) -> bool:
+    return (path / "meta" / "info.json").is_file()
+
+
+def _log(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run_demo(out: Path, profile: str = "small") -> Path:
+    p = PROFILES[profile]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    timings: dict[str, float] = {}
+
+    def step(name, fn):
+        t = time.time()
+        _log(f"{name} ...")
+        result = fn()
+        timings[name] = round(time.time() - t, 1)
+        _log(f"{name} done in {timings[name]} s")
+        return result
+
+    lab_dir = out / "lab"
+    step("lab record", lambda: _lab(lab_dir, p))
+    paired_dir = out / "paired"
+    twin_summary = step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"))
+    model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p))
+    sim_dir = out / "sim"
+    step("factory generate", lambda: _generate(sim_dir, p))
+    pseudo_dir = out / "pseudo_real"
+    step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir))
+    heldout_dir = out / "heldout_pseudo_real"
+    metrics = step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json"))
+    policy = step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir))
+    report = _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings)
+    _log(f"report: {report.resolve()}")
+    return report.resolve()
+
+
+# -- steps ----------------------------------------------------------------------------------
+def _lab(lab_dir: Path, p: DemoProfile) -> None:
+    from comsim.lab.record import record_dataset
+
+    if not _done(lab_dir):
+        record_dataset(task=p.task, episodes=p.real_episodes, out=lab_dir, seed=0)
+
+
+def _twin(lab_dir: Path, paired_dir: Path, twin_dir: Path) -> dict:
+    from comsim.twin.replay import replay_dataset
+
+    summary_path = twin_dir / "summary.json"
+    if not _done(paired_dir) or not summary_path.is_file():
+        replay_dataset(real=lab_dir, twin=Path("configs/twin/panda_cell.yaml"), out=paired_dir, mode="physics",
+                       calibration=None)
+        summary = {}
+        report_path = paired_dir / "alignment_report.json"
+        if report_path.is_file():
+            summary = json.loads(report_path.read_text())
+        twin_dir.mkdir(parents=True, exist_ok=True)
+        summary_path.write_text(json.dumps(summary, indent=1, default=str))
+    return json.loads(summary_path.read_text())
+
+
+def _translator(paired_dir: Path, run_dir: Path, p: DemoProfile) -> Path:
+    from comsim.translator.training import load_train_config, train
+
+    final = run_dir / "final"
+    if (final / "translator.json").is_file():
+        return final
+    n = len(LeRobotDataset(paired_dir))
+    cfg = load_train_config("configs/translator/tiny.yaml", [
+        f"data.paths=[{paired_dir}]", f"data.val_episodes={max(1, n // 5)}", f"train.output_dir={run_dir}",
+        f"train.max_steps={p.translator_steps}", f"train.max_minutes={p.translator_minutes}",
+        "train.checkpointing_steps=100", "train.validation_steps=100000"])
+    result = train(cfg, resume_from_checkpoint="latest" if any(run_dir.glob("checkpoint-*")) else None)
+    return Path(result) if result else final
+
+
+def _generate(sim_dir: Path, p: DemoProfile) -> None:
+    from comsim.factory.generate import generate_dataset
+
+    if not _done(sim_dir):
+        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000)
+
+
+def _convert(model_dir: Path, sim_dir: Path, pseudo_dir: Path) -> None:
+    from comsim.convert import convert_dataset
+
+    if not _done(pseudo_dir):
+        convert_dataset(model_dir, sim_dir, pseudo_dir, workers=2, seed=0)
+
+
+def _heldout_indices(paired_dir: Path) -> list[int]:
+    n = len(LeRobotDataset(paired_dir))
+    return list(range(n - max(1, n // 5), n))  # the translator's validation episodes
+
+
+def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path: Path) -> dict:
+    """Translate the held-out paired episodes and score them (and raw sim) against the lab frames."""
+    if metrics_path.is_file():
+        return json.loads(metrics_path.read_text())
+    from comsim.io.lerobot import DatasetWriter
+    from comsim.metrics.evaluate import evaluate_video
+    from comsim.translator.pipeline import TranslatorPipeline
+
+    pipe = TranslatorPipeline.from_pretrained(model_dir)
+    ds = LeRobotDataset(paired_dir)
+    cam = pipe.camera
+    H, W = pipe.resolution
+    sim_dir, real_dir = heldout_dir / "sim_only", heldout_dir / "real"
+    if not _done(heldout_dir / "pseudo"):
+        from comsim.translator.data import resize_video
+
+        writers = {k: DatasetWriter(heldout_dir / k, ds.fps) for k in ("pseudo", "sim_only", "real")}
+        for j, i in enumerate(_heldout_indices(paired_dir)):
+            ep = ds.read_episode(i, cameras=[cam, f"{cam}_sim"])
+            sim = resize_video(ep.frames[f"{cam}_sim"], (H, W))
+            real = resize_video(ep.frames[cam], (H, W))
+            fake = pipe(sim, ep.action, seed=i)
+            for k, frames in (("pseudo", fake), ("sim_only", sim), ("real", real)):
+                ep_k = type(ep)(frames={cam: frames}, action=ep.action, state=ep.state, fps=ep.fps,
+                                task=ep.task, provenance=ep.provenance)
+                writers[k].add_episode(ep_k, episode_index=j)
+        for w in writers.values():
+            w.close()
+    opts = dict(camera=cam, metrics="psnr,ssim,fid")
+    result = {"pseudo_real_vs_real": evaluate_video(heldout_dir / "pseudo", real_dir, **opts),
+              "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
+    metrics_path.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def _policy(p: DemoProfile, out: Path, lab_dir: Path, sim_dir: Path, pseudo_dir: Path) -> dict | None:
+    try:
+        from comsim.policy.experiment import run_experiment
+    except ImportError:
+        _log("policy experiment: comsim.policy is not available; skipped")
+        return None
+    return run_experiment(p.policy_experiment, out / "policy",
+                          datasets={"real": lab_dir, "sim": sim_dir, "pseudo_real": pseudo_dir})
+
+
+# -- report ---------------------------------------------------------------------------------
+def _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings) -> Path:
+    from comsim.translator.data import resize_video
+
+    rep = Report(out / "report", title="ComSim demo: the lab, end to end")
+    rep.text("Everything here was produced by `make demo` on the built-in lab (the reality stand-in).")
+    heldout = LeRobotDataset(heldout_dir / "pseudo") if _done(heldout_dir / "pseudo") else None
+    if heldout is not None:
+        rep.heading("Held-out episodes: twin render | pseudo-real | lab (real)")
+        sims, reals = LeRobotDataset(heldout_dir / "sim_only"), LeRobotDataset(heldout_dir / "real")
+        cam = heldout.camera_keys[0]
+        for i in range(min(3, len(heldout))):
+            rep.video_row([("twin render", sims.read_episode(i).frames[cam]),
+                           ("pseudo-real", heldout.read_episode(i).frames[cam]),
+                           ("lab", reals.read_episode(i).frames[cam])], fps=heldout.fps)
+    if metrics:
+        rep.heading("Video metrics (held-out episodes, against the lab frames)")
+        rows = []
+        for name, m in metrics.items():
+            vals = m.get("metrics", m)
+            rows.append({"video": name, **{k: vals.get(k) for k in ("psnr", "ssim", "fid") if k in vals}})
+        rep.table(rows)
+    if _done(pseudo_dir):
+        ds = LeRobotDataset(pseudo_dir)
+        cam = [c for c in ds.camera_keys if not c.endswith("_sim")][0]
+        rep.heading("Factory episodes: sim | pseudo-real")
+        for i in range(min(3, len(ds))):
+            ep = ds.read_episode(i)
+            rep.video_row([("sim", ep.frames[f"{cam}_sim"]), ("pseudo-real", ep.frames[cam])], fps=ds.fps,
+                          caption=f"episode {i}: success={ep.success}")
+    lab = LeRobotDataset(lab_dir)
+    rep.heading("Lab teleoperation (the real stand-in)")
+    for i in range(min(3, len(lab))):
+        ep = lab.read_episode(i)
+        rep.video_row([(f"lab episode {i}", ep.frames[lab.camera_keys[0]])], fps=lab.fps,
+                      caption=f"{ep.task} success={ep.success}")
+    if twin_summary:
+        rep.heading("Twin alignment")
+        rep.table([{k: v for k, v in twin_summary.items() if not isinstance(v, (dict, list))}])
+    if policy:
+        rep.heading("Policy experiment")
+        rep.table(policy.get("rows", []) if isinstance(policy, dict) else [])
+    rep.heading("Timings (s)")
+    rep.table([timings])
+    return rep.write()
