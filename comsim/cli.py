@@ -36,6 +36,13 @@ def _twin_replay(a):
 def _generate(a):
     from comsim.factory.generate import generate_dataset
 
+    if a.vocabulary:
+        from comsim.factory.program import vocabulary
+
+        print(vocabulary())
+        return
+    if not a.task:
+        raise ValueError("--task is required")
     if a.dry_run:
         from comsim.factory.expert import prepare_setup, robot_only_scene
         from comsim.factory.layout import episode_seed
@@ -122,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.set_defaults(func=_twin_replay)
 
     g = sub.add_parser("generate", help="scripted experts -> a LeRobotDataset of simulated episodes")
-    g.add_argument("--task", required=True, help="built-in task name (configs/tasks/NAME.yaml) or a task YAML")
+    g.add_argument("--task", help="built-in task name (configs/tasks/NAME.yaml) or a task YAML")
     g.add_argument("--episodes", type=int, default=10)
     g.add_argument("--out", default=None, help="dataset folder (resumed if it holds a partial run)")
     g.add_argument("--workers", type=int, default=1, help="parallel processes")
@@ -136,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also record <cam>_sim_seg / <cam>_sim_depth control videos")
     g.add_argument("--dry-run", action="store_true", help="check the task file (and IK on 8 layouts), write nothing")
     g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--vocabulary", action="store_true", help="list the primitives and predicates a task may use")
     g.set_defaults(func=_generate)
 
     cv = sub.add_parser("convert", help="translate a sim dataset into pseudo-real episodes")

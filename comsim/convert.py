@@ -179,8 +179,9 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         _write_json(header, output / HEADER_FILE)
     if state is not None:
         state.wait_for_everyone()  # the header is checked before anyone writes
-
     todo = [i for i in range(len(ds)) if i not in writer.finished_episodes]
+    if state is not None:
+        state.wait_for_everyone()  # everyone has the same to-do list before anyone stages an episode
     if num_shards is not None:
         todo = [i for i in todo if i % num_shards == shard_index]
     device = device or (str(state.device) if state is not None else "cpu")

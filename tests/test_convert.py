@@ -141,7 +141,7 @@ def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, 
         convert_dataset(micro, sim_dataset, reference, progress=False, **{**ARGS, "w_sim": 1.0})
 
 
-def test_shards_and_workers_give_the_same_dataset(reference, sim_dataset, micro, tmp_path):
+def test_shards_give_the_same_dataset(reference, sim_dataset, micro, tmp_path):
     shards = tmp_path / "shards"
     r0 = convert_dataset(micro, sim_dataset, shards, num_shards=2, shard_index=1, progress=False, **ARGS)
     assert r0["converted_now"] == N_EPISODES // 2 and not r0["closed"] and r0["episodes_left"] == N_EPISODES // 2
@@ -151,6 +151,9 @@ def test_shards_and_workers_give_the_same_dataset(reference, sim_dataset, micro,
     convert_dataset(micro, sim_dataset, shards, progress=False, **ARGS)  # closes
     assert_same_dataset(reference, shards)
 
+
+@pytest.mark.slow  # two spawned processes each import torch: ~40 s on a busy 2-core machine
+def test_local_workers_give_the_same_dataset(reference, sim_dataset, micro, tmp_path):
     workers = tmp_path / "workers"
     convert_dataset(micro, sim_dataset, workers, workers=2, progress=False, **ARGS)
     assert_same_dataset(reference, workers)
@@ -196,3 +199,16 @@ def test_mismatched_inputs_are_refused_before_converting(sim_dataset, reference,
     with pytest.raises(ConversionError, match="already has observation.images.front"):
         convert_dataset(save_micro_translator(tmp_path / "eight"), reference, out, progress=False)
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_accelerate_launch_splits_episodes_over_processes(reference, sim_dataset, micro, tmp_path):
+    out = tmp_path / "accel"
+    cmd = ["accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "comsim" / "cli.py"), "convert",
+           "--model", str(micro), "--input", str(sim_dataset), "--output", str(out), "--w-action", "1.5",
+           "--w-sim", "2.0", "--steps", "6", "--seed", "3", "--no-progress"]
+    env = {**ENV, "ACCELERATE_USE_CPU": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    r = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_dataset(reference, out)

@@ -85,6 +85,11 @@ def _edited(tmp_path, old: str, new: str, base: str = "stack") -> tuple[Path, in
     ("base: {x: [0.42, 0.58], y: [0.05, 0.20]}", "base: {x: [0.42, 0.95], y: [0.05, 0.20]}",
      "leaves the workspace"),
     ("- stacked: {top: top, base: base}", "- stacked_on: {top: top, base: base}", "predicate 'stacked_on' unknown"),
+    ("- stacked: {top: top, base: base}", "- stacked: {top: top, base: base, tolerance: [0.01, 0.02]}",
+     "stacked.tolerance: a success condition takes a number, not a range"),
+    ("base: {shape: cube, side: [0.050, 0.060]", "base: 5\n  unused: {shape: cube, side: [0.050, 0.060]",
+     "objects.base: expected a mapping, got 5"),
+    ("shapes: [cube, cylinder]", "shapes: [cube, cone]", "distractors.shapes[1]: 'cone' unknown"),
 ])
 def test_bad_task_names_the_line(tmp_path, old, new, expected):
     path, line = _edited(tmp_path, old, new)
@@ -306,3 +311,10 @@ def test_failures_are_counted_not_dropped(tmp_path):
     retried = generate_dataset(task, 2, tmp_path / "retried", only_success=True, max_attempts=3, progress=False)
     assert retried["attempts"] == 6 and retried["failures"] == 6 and retried["gave_up"] == 2
     assert retried["failures_by_reason"] == {"predicate": 6}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task", ["stack", "push", "pick_place", "tower"])
+def test_expert_succeeds_on_90_percent_of_in_distribution_seeds(task, tmp_path):
+    report = generate_dataset(task, 20, tmp_path / task, workers=2, seed=1000, progress=False)
+    assert report["attempts"] == 20 and report["success_rate"] >= 0.9, report

@@ -196,9 +196,9 @@ class _Parser:
     def fail(self, line: int, msg: str):
         raise ProgramError(f"{self.path}:{line}: {msg}")
 
-    def keys(self, d, allowed: set, where: str, required: tuple = ()) -> None:
-        if not isinstance(d, dict):
-            self.fail(getattr(d, "line", 1), f"{where}: expected a mapping, got {d!r}")
+    def keys(self, d, allowed: set, where: str, required: tuple = (), line: int | None = None) -> None:
+        if not isinstance(d, dict):  # a scalar has no line of its own: the caller says where it is
+            self.fail(line or getattr(d, "line", 1), f"{where}: expected a mapping, got {d!r}")
         for k in d:
             if k not in allowed:
                 self.fail(d.line_of(k), f"{where}: unknown key {k!r}; known: {sorted(allowed)}")
@@ -298,14 +298,14 @@ class _Parser:
         d = self.data.get("workspace")
         if d is None:
             return ws
-        self.keys(d, {"x", "y", "z"}, "workspace")
+        self.keys(d, {"x", "y", "z"}, "workspace", line=self.data.line_of("workspace"))
         for k in d:
             ws[k] = self.range(d, k, where="workspace.")
         return ws
 
     def objects(self) -> dict[str, ObjectRole]:
         d = self.data["objects"]
-        self.keys(d, set(d) if isinstance(d, dict) else set(), "objects")
+        self.keys(d, set(d) if isinstance(d, dict) else set(), "objects", line=self.data.line_of("objects"))
         if not d:
             self.fail(d.line, "objects: at least one object is needed")
         out = {}
@@ -340,21 +340,21 @@ class _Parser:
         d = self.data.get("targets")
         if d is None:
             return {}
-        self.keys(d, set(d) if isinstance(d, dict) else set(), "targets")
+        self.keys(d, set(d) if isinstance(d, dict) else set(), "targets", line=self.data.line_of("targets"))
         out = {}
         for name, spec in d.items():
             line = d.line_of(name)
             if not isinstance(name, str) or not NAME_RE.match(name) or name in objects:
                 self.fail(line, f"targets: {name!r} must be a name that is not also an object role")
             spec = spec if spec is not None else LineDict()
-            self.keys(spec, {"radius", "color"}, f"targets.{name}")
+            self.keys(spec, {"radius", "color"}, f"targets.{name}", line=line)
             radius = self.range(spec, "radius", (0.04, 0.04), (0.01, 0.2), f"targets.{name}.")[0]
             color = self.colors(spec, f"targets.{name}.", required=False) or [("green", (*COLORS["green"], 1.0))]
             out[name] = TargetDef(name, radius, color[0], line)
         return out
 
-    def region(self, d, where: str, workspace, yaw_default=FULL_TURN) -> Region:
-        self.keys(d, {"x", "y", "yaw"}, where, required=("x", "y"))
+    def region(self, d, where: str, workspace, yaw_default=FULL_TURN, line: int | None = None) -> Region:
+        self.keys(d, {"x", "y", "yaw"}, where, required=("x", "y"), line=line)
         r = Region(self.range(d, "x", where=where + "."), self.range(d, "y", where=where + "."),
                    self.range(d, "yaw", yaw_default, (-2 * math.pi, 2 * math.pi), where + "."), d.line)
         for axis in "xy":
@@ -368,7 +368,8 @@ class _Parser:
         d = self.data.get("distractors")
         if d is None:
             return Distractors()
-        self.keys(d, {"count", "shapes", "size", "color", "colors", "region", "mass"}, "distractors")
+        self.keys(d, {"count", "shapes", "size", "color", "colors", "region", "mass"}, "distractors",
+                  line=self.data.line_of("distractors"))
         out = Distractors(line=d.line)
         c = d.get("count", [0, 0])
         c = [c, c] if isinstance(c, int) and not isinstance(c, bool) else c
@@ -388,13 +389,13 @@ class _Parser:
         if out.count[1] > 0:
             if "region" not in d:
                 self.fail(d.line, "distractors: a region {x: [..], y: [..]} is needed when count > 0")
-            out.region = self.region(d["region"], "distractors.region", workspace)
+            out.region = self.region(d["region"], "distractors.region", workspace, line=d.line_of("region"))
         return out
 
     def layout(self, objects, targets, workspace, scene: SceneSpec):
         d = self.data["layout"]
         self.keys(d, {"in_distribution", "out_of_distribution", "min_separation"}, "layout",
-                  required=("in_distribution",))
+                  required=("in_distribution",), line=self.data.line_of("layout"))
         min_sep = self.range(d, "min_separation", (0.1, 0.1), (0.0, 0.5), "layout.")[0]
         placed = set(objects) | set(targets)
         out = {}
@@ -402,7 +403,7 @@ class _Parser:
             if key not in d:
                 continue
             regions = d[key]
-            self.keys(regions, placed, f"layout.{key}")
+            self.keys(regions, placed, f"layout.{key}", line=d.line_of(key))
             if split == "id":
                 missing = sorted(placed - set(regions))
                 if missing:
@@ -411,8 +412,8 @@ class _Parser:
             out[split] = {}
             for name, r in regions.items():
                 yaw_default = (0.0, 0.0) if name in targets else FULL_TURN
-                region = self.region(r, f"layout.{key}.{name}", workspace, yaw_default)
-                self.on_table(region, scene, r.line, f"layout.{key}.{name}")
+                region = self.region(r, f"layout.{key}.{name}", workspace, yaw_default, regions.line_of(name))
+                self.on_table(region, scene, region.line, f"layout.{key}.{name}")
                 out[split][name] = region
         return out, min_sep
 
@@ -465,6 +466,35 @@ class _Parser:
             (pred, raw), = item.items()
             if pred not in PREDICATES:
                 self.fail(line, f"predicate {pred!r} unknown; known: {sorted(PREDICATES)}")
-            values, _ = parse_params(PREDICATES[pred].params, raw, line, pred, names, self.fail)
+            values, lines = parse_params(PREDICATES[pred].params, raw, line, pred, names, self.fail)
+            for k, v in values.items():
+                if isinstance(v, tuple) and v[0] != v[1]:
+                    self.fail(lines[k], f"{pred}.{k}: a success condition takes a number, not a range {list(v)}")
+                if isinstance(v, Ref) and v.kind == "object" and PREDICATES[pred].params[k].kind == "place":
+                    self.fail(lines[k], f"{pred}.{k}: {v.name!r} is an object; expected a target or [x, y]")
             out.append(Check(pred, values, line))
         return out
+
+
+def vocabulary() -> str:
+    """What a task file may use: primitives and predicates with their parameters (from the code)."""
+    from comsim.factory.params import REQUIRED
+    from comsim.factory.primitives import PRIMITIVES
+    from comsim.factory.success import PREDICATES
+
+    def params(specs) -> list[str]:
+        out = []
+        for name, p in specs.items():
+            default = "required" if p.default is REQUIRED else f"default {p.default}"
+            bounds = f", in [{p.bounds[0]:.4g}, {p.bounds[1]:.4g}]" if p.bounds else ""
+            out.append(f"    {name} ({p.kind}, {default}{bounds}){': ' + p.doc if p.doc else ''}")
+        return out
+
+    lines = ["Primitives (program:), floats may be [low, high] ranges drawn per episode:"]
+    for name, prim in PRIMITIVES.items():
+        lines += [f"  {name}: {(type(prim).__doc__ or '').strip().splitlines()[0]}", *params(prim.params)]
+    lines.append("Success predicates (success:), all must hold on the final state:")
+    for name, pred in PREDICATES.items():
+        lines += [f"  {name}: {(type(pred).__doc__ or '').strip().splitlines()[0]}", *params(pred.params)]
+    lines.append(f"Colours: {sorted(COLORS)} or [r, g, b]; shapes: {list(SHAPES)}")
+    return "\n".join(lines)
