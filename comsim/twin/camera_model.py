@@ -1,0 +1,93 @@
+"""The twin's view through the REAL camera: pinhole render + the camera's lens distortion.
+
+Paired data must be pixel-aligned with the real video, so when the real camera has
+distortion (published in ``camera_intrinsics.json`` or a calibration), the twin renders a
+slightly wider pinhole view (a margin on every side, so the distortion has real content to
+pull in at the corners) and warps it with the same OpenCV model. Labels are warped with
+nearest-neighbour sampling so that they stay labels.
+"""
+from __future__ import annotations
+
+import copy
+
+import cv2
+import numpy as np
+
+from comsim.sim.camera import as_K
+from comsim.sim.render import SceneRenderer
+from comsim.sim.scene import Scene
+from comsim.sim.spec import CameraSpec, SceneSpec
+
+SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 40, 40], [40, 90, 230], [40, 200, 60], [230, 200, 30],
+                        [200, 40, 200], [30, 200, 200], [240, 130, 20], [130, 70, 20]], np.uint8)
+DEPTH_MAX_M = 2.55  # depth video: 1 grey level per cm, 0..2.55 m
+
+
+def render_margin(width: int, height: int, dist) -> int:
+    return 0 if dist is None else int(np.ceil(0.08 * max(width, height))) + 2
+
+
+def with_render_camera(spec: SceneSpec, cam: str, dist) -> tuple[SceneSpec, str, int]:
+    """A copy of ``spec`` with an extra, wider pinhole camera to render ``cam`` from."""
+    c = spec.camera(cam)
+    m = render_margin(c.width, c.height, dist)
+    if m == 0:
+        return spec, cam, 0
+    fx, fy, cx, cy = as_K(c.K)
+    out = copy.deepcopy(spec)
+    name = f"{cam}_twin_render"
+    out.cameras.append(CameraSpec(name=name, width=c.width + 2 * m, height=c.height + 2 * m,
+                                  K=[fx, fy, cx + m, cy + m], T_cam_from_base=c.T_cam_from_base))
+    return out, name, m
+
+
+class RealCameraView:
+    """RGB / labels / depth of the twin as the real (distorted) camera records them."""
+
+    def __init__(self, scene: Scene, cam: str, render_cam: str, K, dist, width: int, height: int, margin: int):
+        self.renderer = SceneRenderer(scene, render_cam)
+        self.width, self.height, self.margin = width, height, margin
+        if dist is not None and margin > 0:
+            fx, fy, cx, cy = as_K(K)
+            Km = np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1.0]])
+            Kr = np.array([[fx, 0, cx + margin], [0, fy, cy + margin], [0, 0, 1.0]])
+            ys, xs = np.mgrid[0:height, 0:width].astype(np.float64)
+            pts = np.stack([xs.ravel(), ys.ravel()], -1)[:, None, :]
+            src = cv2.undistortPoints(pts, Km, np.asarray(dist, np.float64), P=Kr).reshape(height, width, 2)
+            self.map_x, self.map_y = src[..., 0].astype(np.float32), src[..., 1].astype(np.float32)
+        else:
+            self.map_x = self.map_y = None
+
+    def _warp(self, img: np.ndarray, nearest: bool = False) -> np.ndarray:
+        if self.map_x is None:
+            return img
+        return cv2.remap(img, self.map_x, self.map_y, cv2.INTER_NEAREST if nearest else cv2.INTER_LINEAR,
+                         borderMode=cv2.BORDER_REPLICATE)
+
+    def rgb(self) -> np.ndarray:
+        return self._warp(self.renderer.rgb())
+
+    def segmentation(self) -> np.ndarray:
+        return self._warp(self.renderer.segmentation().astype(np.float32), nearest=True).astype(np.int32)
+
+    def depth(self) -> np.ndarray:
+        return self._warp(self.renderer.depth())
+
+    def close(self) -> None:
+        self.renderer.close()
+
+
+def seg_to_rgb(labels: np.ndarray) -> np.ndarray:
+    """Labels (CONTRACTS.md) as a palette video frame (far-apart colours survive H.264)."""
+    return SEG_PALETTE[np.clip(labels, 0, len(SEG_PALETTE) - 1)]
+
+
+def rgb_to_seg(img: np.ndarray) -> np.ndarray:
+    """Inverse of ``seg_to_rgb`` after lossy coding: the nearest palette colour."""
+    d = ((img[..., None, :].astype(np.int32) - SEG_PALETTE[None, None].astype(np.int32)) ** 2).sum(-1)
+    return d.argmin(-1).astype(np.int32)
+
+
+def depth_to_rgb(depth: np.ndarray) -> np.ndarray:
+    g = np.clip(np.nan_to_num(depth, nan=DEPTH_MAX_M, posinf=DEPTH_MAX_M) * 100.0, 0, 255).astype(np.uint8)
+    return np.repeat(g[..., None], 3, -1)

@@ -1,0 +1,236 @@
+"""Replay real episodes in the twin -> a paired LeRobotDataset (``comsim twin replay``).
+
+    replay_dataset(real="runs/lab_push", twin="configs/twin/panda_cell.yaml", out="runs/paired")
+
+1. Alignment (once per dataset, cached in ``OUT/twin_alignment.json``): the camera from a
+   given ``calibration.json`` or calibrated from the dataset's own frames (``align.py``),
+   and the colours (``colors.py``). The published lens distortion, if any, is read from
+   the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
+2. Per episode: objects are localized in the first frames (``localize.py``), then
+   - ``kinematic``: the robot is set to the recorded joint positions frame by frame;
+     objects stay where they were found (no contact dynamics);
+   - ``physics``: the twin starts from the first recorded state and its servos track
+     the recorded actions, each held for the time to the next frame's timestamp
+     (so dropped or irregular frames stay in sync); objects move by contact.
+   The twin is rendered through the real camera (its size and distortion).
+3. Each output episode holds ``observation.images.<cam>`` (the real video),
+   ``observation.images.<cam>_sim`` (the twin), optionally ``<cam>_sim_seg`` (palette
+   labels) and ``<cam>_sim_depth`` (1 grey level per cm), the real actions and states, the
+   twin's own state and object poses (``twin_state``, ``twin_object_pos``,
+   ``twin_object_quat``), and provenance with the aligned twin spec's hash.
+
+Resumable: episodes already staged in OUT are skipped (``DatasetWriter(resume=True)``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+from tqdm.auto import tqdm
+
+from comsim.episode import SOURCES, Episode, Provenance
+from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
+from comsim.sim.camera import as_K, scale_K
+from comsim.sim.scene import yaw_quat
+from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, spec_hash
+from comsim.twin.align import aligned_spec, calibrate_dataset, camera_key, dataset_intrinsics
+from comsim.twin.calibrate import load_calibration
+from comsim.twin.camera_model import RealCameraView, depth_to_rgb, seg_to_rgb, with_render_camera
+from comsim.twin.colors import estimate_colors, twin_scene
+from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
+from comsim.twin.localize import localize_objects
+from comsim.twin.report import atomic_write_json
+from comsim.twin.silhouette import RobotSilhouette
+
+ALIGNMENT_FILE = "twin_alignment.json"
+MODES = ("physics", "kinematic")
+FIRST_FRAMES = 6  # frames averaged (median) to localize objects: less noise, arm not there yet
+
+
+def _check_episode(ds: LeRobotDataset, e: int, ep: Episode, cam: str) -> None:
+    where = f"{ds.root}: episode {e}"
+    if ep.state.shape[1] < 8:
+        raise DatasetError(f"{where}: observation.state has {ep.state.shape[1]} values, expected 7 joints + gripper")
+    if ep.action.shape[1] < 8:
+        raise DatasetError(f"{where}: action has {ep.action.shape[1]} values, expected 7 joints + gripper")
+    if len(ep.frames[cam]) != len(ep):
+        raise DatasetError(f"{where}: {len(ep.frames[cam])} video frames for {len(ep)} rows")
+    t = ep.timestamps.astype(np.float64)
+    if len(t) > 1 and np.any(np.diff(t) <= 0):
+        raise DatasetError(f"{where}: timestamps must increase (field 'timestamp')")
+
+
+def first_image(ep: Episode, cam: str, maps) -> np.ndarray:
+    img = np.median(ep.frames[cam][:FIRST_FRAMES], axis=0).astype(np.uint8)
+    return undistort(img, maps) if maps is not None else img
+
+
+def robot_exclusion(spec: SceneSpec, cam: str, q7, width: float) -> np.ndarray:
+    """The arm's pixels (dilated) in the aligned twin's pinhole view: not an object."""
+    import cv2
+    c = spec.camera(cam)
+    with RobotSilhouette(spec, c.K, c.width, c.height, visual=spec.robot.visual) as sil:
+        sil.set_camera(np.asarray(c.T_cam_from_base))
+        sil.set_joints(q7, [width / 2, width / 2])
+        m = sil.mask()
+    return cv2.dilate(m.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
+
+
+def object_poses(found: dict, spec: SceneSpec) -> dict:
+    """{name: (pos, quat)} for the objects that were found (the rest keep the spec's pose)."""
+    out = {}
+    for o in spec.objects:
+        r = found.get(o.name)
+        if r and r["found"]:
+            out[o.name] = (np.asarray(r["pos"]), yaw_quat(r["yaw"]))
+    return out
+
+
+# ----------------------------------------------------------------- alignment
+
+
+def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: str | None = None,
+          log=print) -> dict:
+    """Camera + colours for replaying ``real`` in ``spec``'s twin (JSON-able dict)."""
+    ds = LeRobotDataset(real)
+    cam = camera_key(ds, camera)
+    H, W = ds.features[f"observation.images.{cam}"]["shape"][:2]
+    K, dist = dataset_intrinsics(real, spec, cam, W, H)
+    if calibration is not None:
+        cal = load_calibration(calibration)
+        cw, ch = cal.get("width", W), cal.get("height", H)
+        K = scale_K(cal["K"], cw, ch, W, H) if (cw, ch) != (W, H) else cal["K"]
+        if cal.get("dist"):
+            dist = np.asarray(cal["dist"], np.float64)
+        T = cal["T_cam_from_base"]
+        calib = {"source": str(calibration), "mean_iou": cal.get("mean_iou"), "converged": cal.get("converged")}
+    else:
+        res = calibrate_dataset(real, spec, camera=cam, log=log)
+        T = np.asarray(res["T_cam_from_base"])
+        calib = {"source": "dataset frames", "mean_iou": res["mean_iou"], "converged": res["converged"],
+                 "per_frame_iou": res["per_frame_iou"], "outlier_frames": res["outlier_frames"],
+                 "rounds": res["rounds"], "mask_source": res["mask_source"], "seconds": res["seconds"]}
+        if not res["converged"]:
+            raise CalibrationDataError(f"{real}: the camera calibration from the dataset's frames did not converge "
+                                       f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
+    aligned = aligned_spec(spec, cam, T, K, W, H)
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    ep = ds.read_window(0, 0, min(FIRST_FRAMES, ds.episode_length(0)), cameras=[cam])
+    img = first_image(ep, cam, maps)
+    excl = robot_exclusion(aligned, cam, ep.state[0, :7], float(ep.state[0, 7]))
+    found = localize_objects(img, aligned.objects, K, T, robot_mask=excl)
+    colors = estimate_colors(aligned, cam, img, ep.state[0, :7].astype(np.float64), float(ep.state[0, 7]),
+                             object_poses(found, aligned), valid=None if maps is None else _valid_after_undistort(maps))
+    final = aligned_spec(spec, cam, T, K, W, H, colors)
+    log(f"[replay] aligned: camera from {calib['source']}, colour residuals "
+        f"{ {k: round(v, 1) for k, v in colors['residual'].items()} }")
+    return {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
+            "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
+            "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
+            "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
+            "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+
+
+def _valid_after_undistort(maps) -> np.ndarray:
+    """Pixels of the undistorted image that come from inside the real image."""
+    mx, my = maps
+    H, W = mx.shape
+    return (mx >= 0) & (mx <= W - 1) & (my >= 0) & (my <= H - 1)
+
+
+# ----------------------------------------------------------------- replay
+
+
+def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: str,
+                   channels=("seg",)) -> Episode:
+    cam = al["camera"]
+    ep = ds.read_episode(e)
+    _check_episode(ds, e, ep, cam)
+    K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
+    W, H = al["width"], al["height"]
+    T_cam = np.asarray(al["T_cam_from_base"])
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    img = first_image(ep, cam, maps)
+    # Objects are recognised by their nominal colours (the matched ones describe the twin's
+    # lighting, not what the camera sees).
+    found = localize_objects(img, spec.objects, K, T_cam, colors=al["nominal_object_rgba"],
+                             robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])))
+    render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
+    scene = twin_scene(render_spec, al["colors"]["robot_tint"])
+    poses = object_poses(found, spec)
+    scene.reset(arm_qpos=ep.state[0, :7], object_poses=poses)
+    scene.set_robot_qpos(ep.state[0, :7], float(ep.state[0, 7]))
+    view = RealCameraView(scene, cam, render_cam, K, dist, W, H, margin)
+    n = len(ep)
+    t = ep.timestamps.astype(np.float64)
+    sim, seg, depth, tstate, opos, oquat = [], [], [], [], [], []
+    try:
+        for k in range(n):
+            if mode == "kinematic":
+                scene.set_robot_qpos(ep.state[k, :7], float(ep.state[k, 7]))
+            sim.append(view.rgb())
+            if "seg" in channels:
+                seg.append(seg_to_rgb(view.segmentation()))
+            if "depth" in channels:
+                depth.append(depth_to_rgb(view.depth()))
+            tstate.append(scene.get_state())
+            p = [scene.object_pose(nm) for nm in scene.object_names]
+            opos.append([a for a, _ in p])
+            oquat.append([q for _, q in p])
+            if mode == "physics" and k < n - 1:
+                steps = max(1, int(round((t[k + 1] - t[k]) / scene.control_dt)))
+                scene.step(ep.action[k, :8], n_substeps=steps * scene.spec.physics.substeps)
+    finally:
+        view.close()
+    frames = {cam: ep.frames[cam], f"{cam}_sim": np.stack(sim)}
+    if seg:
+        frames[f"{cam}_sim_seg"] = np.stack(seg)
+    if depth:
+        frames[f"{cam}_sim_depth"] = np.stack(depth)
+    src = ep.provenance.source if ep.provenance.source in SOURCES else "real"
+    prov = Provenance(source=src, task=ep.provenance.task or ep.task, seed=ep.provenance.seed,
+                      twin_spec_hash=al["spec_hash"],
+                      extra={"real_dataset": al["real"], "real_episode": e, "replay_mode": mode,
+                             "camera_calibration": al["calibration"]["source"],
+                             "localized_objects": found, "real_provenance": ep.provenance.to_dict()})
+    extra = {"twin_state": np.asarray(tstate, np.float32)}
+    if scene.object_names:
+        extra["twin_object_pos"] = np.asarray(opos, np.float32)
+        extra["twin_object_quat"] = np.asarray(oquat, np.float32)
+    return Episode(frames=frames, action=ep.action, state=ep.state, fps=float(ds.fps), task=ep.task,
+                   success=ep.success, provenance=prov, extra=extra)
+
+
+def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
+                   channels=("seg",), episodes=None, log=print) -> Path:
+    """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    real, out = Path(real), Path(out)
+    spec = twin if isinstance(twin, SceneSpec) else load_scene_spec(twin)
+    ds = LeRobotDataset(real)
+    if (out / "meta" / "info.json").is_file():
+        log(f"[replay] {out} is already complete")
+        return out
+    al_path = out / ALIGNMENT_FILE
+    if al_path.is_file():  # resume: the alignment is part of what was already written
+        al = json.loads(al_path.read_text())
+        if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
+            raise ValueError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
+                             f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
+    else:
+        al = align(real, spec, Path(calibration) if calibration else None, camera, log=log)
+        al["mode"] = mode
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(al, al_path)
+        (out / "twin_aligned.yaml").write_text(yaml.safe_dump(al["spec"], sort_keys=False))
+    aligned = scene_spec_from_dict(al["spec"], where=str(al_path))
+    writer = DatasetWriter(out, ds.fps, resume=True)
+    todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
+    for e in tqdm(todo, desc=f"twin replay ({mode})", unit="episode"):
+        writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels), episode_index=e)
+    writer.close()
+    return out
