@@ -22,15 +22,24 @@ def _lab_record(a):
 def _twin_calibrate(a):
     from comsim.twin.calibrate import calibrate_folder
 
-    result = calibrate_folder(Path(a.folder), robot=a.robot, out=Path(a.out), time_budget_s=a.time_budget)
-    print(json.dumps({k: result[k] for k in ("mean_iou", "converged", "outlier_frames") if k in result}))
+    result = calibrate_folder(Path(a.folder), robot=a.robot, out=Path(a.out), time_budget_s=a.time_budget,
+                              seed=a.seed)
+    print(json.dumps({k: result[k] for k in ("mean_iou", "mean_iou_trusted", "per_frame_iou", "converged",
+                                             "outlier_frames", "path") if k in result}))
+    if not result["converged"]:
+        print(f"comsim: calibration did not converge: {result.get('why_not_converged')}; best mean IoU "
+              f"{result['mean_iou']:.3f}; nothing written as calibration.json (see {result.get('path')})",
+              file=sys.stderr)
+        raise SystemExit(3)
 
 
 def _twin_replay(a):
     from comsim.twin.replay import replay_dataset
 
+    channels = tuple(c for c in a.channels.split(",") if c)
     print(replay_dataset(real=Path(a.real), twin=Path(a.twin), out=Path(a.out), mode=a.mode,
-                         calibration=Path(a.calibration) if a.calibration else None))
+                         calibration=Path(a.calibration) if a.calibration else None, camera=a.camera,
+                         channels=channels, report=not a.no_report))
 
 
 def _generate(a):
@@ -119,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--robot", default="panda")
     c.add_argument("--out", required=True)
     c.add_argument("--time-budget", type=float, default=540.0, help="seconds")
+    c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_twin_calibrate)
     rp = twin.add_parser("replay", help="replay real actions in the twin -> paired dataset")
     rp.add_argument("--real", required=True)
@@ -126,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", required=True)
     rp.add_argument("--mode", choices=["physics", "kinematic"], default="physics")
     rp.add_argument("--calibration", default=None, help="calibration.json (default: align from the data)")
+    rp.add_argument("--camera", default=None, help="camera key of the real dataset (default: its first)")
+    rp.add_argument("--channels", default="seg", help="extra twin videos: comma list of seg, depth ('' for none)")
+    rp.add_argument("--no-report", action="store_true", help="skip OUT/alignment_report.json")
     rp.set_defaults(func=_twin_replay)
 
     g = sub.add_parser("generate", help="scripted experts -> a LeRobotDataset of simulated episodes")

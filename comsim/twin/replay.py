@@ -205,8 +205,11 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
-                   channels=("seg",), episodes=None, log=print) -> Path:
-    """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``."""
+                   channels=("seg",), episodes=None, report: bool = True, log=print) -> Path:
+    """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
+
+    ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
+    """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     real, out = Path(real), Path(out)
@@ -214,6 +217,7 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     ds = LeRobotDataset(real)
     if (out / "meta" / "info.json").is_file():
         log(f"[replay] {out} is already complete")
+        _report(out, real, report and "seg" in channels, log)
         return out
     al_path = out / ALIGNMENT_FILE
     if al_path.is_file():  # resume: the alignment is part of what was already written
@@ -233,4 +237,11 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     for e in tqdm(todo, desc=f"twin replay ({mode})", unit="episode"):
         writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels), episode_index=e)
     writer.close()
+    _report(out, real, report and "seg" in channels, log)
     return out
+
+
+def _report(out: Path, real: Path, wanted: bool, log) -> None:
+    if wanted and not (out / "alignment_report.json").is_file():
+        from comsim.twin.report import alignment_report
+        alignment_report(out, real, log=log)

@@ -1,0 +1,155 @@
+"""Scoring for ``report.alignment_report``: IoU against derived masks and, in the lab, the truth.
+
+Kept apart from the aligning code on purpose: this is the only twin module that opens a
+lab recording's hidden truth (``lab_truth.json``), and only to score.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from comsim.io.lerobot import LeRobotDataset
+from comsim.sim.spec import scene_spec_from_dict
+from comsim.twin.camera_model import rgb_to_seg
+from comsim.twin.frames import undistort, undistort_maps
+from comsim.twin.localize import symmetry, yaw_error
+from comsim.twin.masks import derive_masks
+from comsim.twin.pose_fit import iou, pose_error
+from comsim.twin.report import write_overlay
+from comsim.twin.silhouette import RobotSilhouette
+
+
+def _lab_truth(real: Path):
+    if real is None or not (real / "lab_truth.json").is_file():
+        return None
+    from comsim.lab.truth import load_lab_truth
+    return load_lab_truth(real)
+
+
+class _TrueMasks:
+    """True robot masks of a lab recording: the lab's own segmentation at the recorded state."""
+
+    def __init__(self, truth):
+        from comsim.config import from_dict
+        from comsim.lab.cell import LabCell
+        from comsim.lab.env import LabEnv
+        cell = from_dict(LabCell, truth.info["cell"])
+        self.env = LabEnv(cell, task=truth.info["task"]["name"])
+        self.truth = truth
+
+    def mask(self, episode: int, k: int, state: np.ndarray) -> np.ndarray:
+        tr = self.truth.trajectory(episode)
+        sc = self.env.scene
+        for i, n in enumerate(str(x) for x in tr["object_names"]):
+            sc.set_object_pose(n, tr["object_pos"][k][i], tr["object_quat"][k][i])
+        sc.set_robot_qpos(state[:7], float(state[7]))
+        return self.env.segmentation() == 1
+
+    def close(self):
+        self.env.close()
+
+
+def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, log) -> dict:
+    ds = LeRobotDataset(paired)
+    al = json.loads((paired / "twin_alignment.json").read_text())
+    real = Path(real if real is not None else al["real"])
+    cam, W, H = al["camera"], al["width"], al["height"]
+    K, T = np.asarray(al["K"]), np.asarray(al["T_cam_from_base"])
+    dist = None if al["dist"] is None else np.asarray(al["dist"])
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    spec = scene_spec_from_dict(al["spec"], where="twin_alignment.json")
+    seg_key = f"{cam}_sim_seg"
+    if seg_key not in ds.camera_keys:
+        raise ValueError(f"{paired}: no {seg_key!r} video; replay with the 'seg' channel to score robot masks")
+    truth = _lab_truth(real)
+    true_masks = _TrueMasks(truth) if truth is not None else None
+
+    # Sample frames, with the twin's own silhouettes (the replay's segmentation video).
+    samples = []  # (episode, k, real frame, state, twin robot mask in the real geometry)
+    for e in range(len(ds)):
+        ep = ds.read_episode(e, cameras=[cam, seg_key])
+        for k in np.unique(np.linspace(0, len(ep) - 1, per_ep).astype(int)):
+            samples.append((e, int(k), ep.frames[cam][k], ep.state[k], rgb_to_seg(ep.frames[seg_key][k]) == 1,
+                            ep.provenance.extra))
+    # Derived masks live in the pinhole geometry: compare with pinhole silhouettes there.
+    imgs = np.stack([undistort(s[2], maps) if maps is not None else s[2] for s in samples])
+    joints = np.stack([s[3][:7] for s in samples]).astype(np.float64)
+    fingers = np.stack([[s[3][7] / 2] * 2 for s in samples]).astype(np.float64)
+    with RobotSilhouette(spec, K, W, H, visual=spec.robot.visual) as sil:
+        d = derive_masks(imgs, joints, fingers, sil, T, margin_px=max(1, round(2 * W / 128)))
+        sil.set_camera(T)
+        pin = []
+        for q, f in zip(joints, fingers):
+            sil.set_joints(q, f)
+            pin.append(sil.mask())
+    valid = d["valid"] & d["known"][None]
+    per_episode: dict[int, dict] = {}
+    written = 0
+    for j, (e, k, frame, state, twin_mask, extra) in enumerate(samples):
+        r = per_episode.setdefault(e, {"real_episode": extra.get("real_episode", e), "iou_vs_derived": [],
+                                       "iou_vs_truth": []})
+        obs = d["masks"][j] > 0.5
+        r["iou_vs_derived"].append(iou(pin[j] & valid[j], obs & valid[j]))
+        true_m = None
+        if true_masks is not None:
+            true_m = true_masks.mask(r["real_episode"], k, state)
+            r["iou_vs_truth"].append(iou(twin_mask, true_m))
+        if written < n_overlays and k == 0 or (written < n_overlays and j == len(samples) - 1):
+            label = f"ep {e} frame {k}" + (f" IoU(truth) {r['iou_vs_truth'][-1]:.3f}" if true_m is not None else "")
+            write_overlay(overlay_dir / f"episode{e:04d}_frame{k:04d}.png", frame, twin_mask, true_m, label)
+            written += 1
+    report = {"paired": str(paired), "real": str(real), "camera": cam, "calibration": al["calibration"],
+              "episodes": []}
+    for e, r in sorted(per_episode.items()):
+        row = {"episode": e, "real_episode": r["real_episode"],
+               "robot_iou_vs_derived_masks": float(np.mean(r["iou_vs_derived"]))}
+        if r["iou_vs_truth"]:
+            row["robot_iou_vs_true_masks"] = float(np.mean(r["iou_vs_truth"]))
+        if truth is not None:
+            row.update(_object_errors(ds, e, r["real_episode"], truth, spec))
+        report["episodes"].append(row)
+    eps = report["episodes"]
+    summary = {"mean_robot_iou_vs_derived_masks": float(np.mean([x["robot_iou_vs_derived_masks"] for x in eps]))}
+    if truth is not None:
+        d_m, d_deg = pose_error(T, truth.T_cam_from_base)
+        summary.update({
+            "camera_position_error_m": d_m, "camera_rotation_error_deg": d_deg,
+            "mean_robot_iou_vs_true_masks": float(np.mean([x["robot_iou_vs_true_masks"] for x in eps])),
+            "object_initial_error_m_mean": float(np.mean([v for x in eps for v in x["object_initial_error_m"].values()])),
+            "object_initial_error_m_max": float(np.max([v for x in eps for v in x["object_initial_error_m"].values()])),
+            "object_trajectory_error_m_mean": float(np.mean([v for x in eps for v in x["object_trajectory_error_m_mean"].values()])),
+            "object_trajectory_error_m_max": float(np.max([v for x in eps for v in x["object_trajectory_error_m_max"].values()])),
+        })
+    report["summary"] = summary
+    if true_masks is not None:
+        true_masks.close()
+    log(f"[report] {json.dumps(summary)}")
+    return report
+
+
+def _yaw(quat) -> float:
+    return float(Rotation.from_quat([quat[1], quat[2], quat[3], quat[0]]).as_euler("zyx")[0])
+
+
+def _object_errors(ds: LeRobotDataset, e: int, real_e: int, truth, spec) -> dict:
+    ep = ds.read_episode(e, cameras=[])
+    tr = truth.trajectory(real_e)
+    names = [str(n) for n in tr["object_names"]]
+    found = ep.provenance.extra.get("localized_objects", {})
+    init, yaw_err, mean_err, max_err = {}, {}, {}, {}
+    for o in spec.objects:
+        if o.name not in names:
+            continue
+        i = names.index(o.name)
+        f = found.get(o.name) or {}
+        if f.get("found"):
+            init[o.name] = float(np.linalg.norm(np.asarray(f["pos"][:2]) - tr["object_pos"][0][i][:2]))
+            yaw_err[o.name] = float(np.degrees(yaw_error(f["yaw"], _yaw(tr["object_quat"][0][i]), symmetry(o))))
+        if "twin_object_pos" in ep.extra:
+            err = np.linalg.norm(ep.extra["twin_object_pos"][:, i] - tr["object_pos"][:, i], axis=-1)
+            mean_err[o.name], max_err[o.name] = float(err.mean()), float(err.max())
+    return {"object_initial_error_m": init, "object_yaw_error_deg": yaw_err,
+            "object_trajectory_error_m_mean": mean_err, "object_trajectory_error_m_max": max_err}
