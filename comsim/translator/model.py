@@ -16,7 +16,10 @@ mask 0 and a learned null bias on the tokens. Training drops them independently 
 sampler can compose the unconditional, action-only and sim-only predictions.
 
 Tokens: patches of (pt, ph, pw) latent voxels, full spatio-temporal self-attention with
-3D rotary position embeddings (time, height, width each own a slice of every head).
+3D rotary position embeddings (time, height, width each own a slice of every head), plus a
+fixed absolute 2D sin-cos embedding of each token's (row, column): rotary embeddings are
+relative only, and without the sim video the model must still know WHERE in the frame a
+token is to draw the arm where the action puts it.
 """
 from __future__ import annotations
 
@@ -54,6 +57,18 @@ def rope_3d(grid: tuple[int, int, int], head_dim: int, theta: float = 10000.0, d
         return torch.cat([a, b, c], dim=-1).reshape(T * H * W, -1)
 
     return grid3(ct, ch, cw).to(device), grid3(st, sh, sw).to(device)
+
+
+def sincos_2d(height: int, width: int, dim: int, device=None) -> torch.Tensor:
+    """Fixed absolute (row, column) embedding (H*W, dim): half the channels each, sin|cos pairs."""
+    quarter = dim // 4
+    freqs = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float32) / quarter)
+    rows = torch.arange(height, dtype=torch.float32)[:, None] * freqs  # (H, dim/4)
+    cols = torch.arange(width, dtype=torch.float32)[:, None] * freqs
+    r = torch.cat([rows.sin(), rows.cos()], dim=-1)[:, None].expand(height, width, -1)
+    c = torch.cat([cols.sin(), cols.cos()], dim=-1)[None, :].expand(height, width, -1)
+    emb = torch.cat([r, c], dim=-1).reshape(height * width, -1)
+    return F.pad(emb, (0, dim - emb.shape[1])).to(device)
 
 
 class RoPEAttnProcessor:
@@ -109,6 +124,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         dim, depth, heads, mlp_ratio: transformer size.
         actions_per_latent_frame: pixel frames per latent frame (a video VAE's temporal factor).
         causal_first_frame: the first latent frame stands for ONE pixel frame (Wan-style 1+4k).
+        abs_pos_embed: add the absolute 2D sin-cos embedding to the tokens (see the module doc).
+        action_fourier: each normalized action value a also enters as sin/cos(2^k * pi/2 * a),
+            k < action_fourier: joint angles act on the image through sines and cosines.
     """
 
     _supports_gradient_checkpointing = True
@@ -129,6 +147,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         actions_per_latent_frame: int = 1,
         causal_first_frame: bool = False,
         rope_theta: float = 10000.0,
+        abs_pos_embed: bool = True,
+        action_fourier: int = 4,
     ):
         super().__init__()
         pt, ph, pw = patch_size
@@ -146,7 +166,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         self.time_embed = TimestepEmbedding(256, dim)
         # one token-time covers pt latent frames = pt * k pixel-rate actions (causal: padded in front)
         self.actions_per_token = pt * actions_per_latent_frame
-        self.action_embed = TimestepEmbedding(self.actions_per_token * action_dim, dim)  # Linear-SiLU-Linear
+        features = self.actions_per_token * action_dim * (1 + 2 * action_fourier)
+        self.action_embed = TimestepEmbedding(features, dim)  # Linear-SiLU-Linear
         self.action_null = nn.Parameter(torch.randn(dim) * 0.02)
 
         self.blocks = nn.ModuleList([DiTBlock(dim, heads, mlp_ratio) for _ in range(depth)])
@@ -169,12 +190,23 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             self._rope_cache[key] = rope_3d(grid, self.config.dim // self.config.heads, self.config.rope_theta, device)
         return self._rope_cache[key]
 
+    def _abs_pos(self, grid, device):
+        key = ("abs", grid, str(device))
+        if key not in self._rope_cache:
+            T, H, W = grid
+            self._rope_cache[key] = sincos_2d(H, W, self.config.dim, device).repeat(T, 1)
+        return self._rope_cache[key]
+
     def _action_tokens(self, actions, latent_frames):
         """(B, T_pix, A) -> (B, T_tokens, D): one embedding per token-time from its own actions."""
         c = self.config
         if c.causal_first_frame and c.actions_per_latent_frame > 1:  # first latent frame <- one action
             pad = actions[:, :1].expand(-1, c.actions_per_latent_frame - 1, -1)
             actions = torch.cat([pad, actions], dim=1)
+        if c.action_fourier:
+            freqs = (torch.pi / 2) * 2.0 ** torch.arange(c.action_fourier, device=actions.device, dtype=actions.dtype)
+            ang = actions[..., None] * freqs  # (B, T, A, F)
+            actions = torch.cat([actions[..., None], ang.sin(), ang.cos()], dim=-1).flatten(2)
         grouped = rearrange(actions, "b (t g) a -> b t (g a)", g=self.actions_per_token)
         return self.action_embed(grouped)
 
@@ -206,6 +238,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         x = rearrange(x, "b c (t pt) (h ph) (w pw) -> b (t h w) (c pt ph pw)", pt=pt, ph=ph, pw=pw)
         x = self.patch_embed(x) + (~sim_keep).view(B, 1, 1).to(dtype) * self.sim_null
         Tt, Ht, Wt = T // pt, H // ph, W // pw
+        if c.abs_pos_embed:
+            x = x + self._abs_pos((Tt, Ht, Wt), x.device).to(dtype)
 
         # conditioning per token-time: timestep (shared) + this frame's action (or the null)
         temb = self.time_embed(self.time_proj(timestep.to(noisy_latents.device).float()).to(dtype))  # (B, D)

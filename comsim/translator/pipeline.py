@@ -268,3 +268,31 @@ class TranslatorPipeline:
             done = s + N
         frames = tensor_to_video(out)[:, :L]
         return frames if batched else frames[0]
+
+    def translate_episode(self, episode, w_action: float = 1.0, w_sim: float = 1.0, num_steps: int = 20,
+                          strength: float = 1.0, seed: int = 0, **kwargs):
+        """A pseudo-real Episode from a sim Episode (its ``<camera>_sim`` frames and actions).
+
+        Frames are resized to the translator's resolution; the result holds the generated
+        ``<camera>`` frames next to the (resized) sim ones, with provenance source ``pseudo_real``,
+        this translator's hash, the guidance weights and the seed.
+        """
+        from comsim.episode import Episode, Provenance
+        from comsim.translator.data import resize_video
+
+        key = f"{self.camera}_sim"
+        if key not in episode.frames:
+            raise ValueError(f"episode has no {key!r} frames (it has {sorted(episode.frames)})")
+        sim = resize_video(episode.frames[key], self.resolution)
+        controls = {c: resize_video(episode.frames[f"{key}_{c}"], self.resolution) for c in self.controls
+                    if f"{key}_{c}" in episode.frames} or None
+        frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
+                      strength=strength, seed=seed, controls=controls, **kwargs)
+        src = episode.provenance
+        prov = Provenance(source="pseudo_real", task=src.task, seed=seed, twin_spec_hash=src.twin_spec_hash,
+                          translator_hash=getattr(self, "checkpoint_hash", None),
+                          guidance={"w_action": w_action, "w_sim": w_sim, "num_steps": num_steps,
+                                    "strength": strength}, extra={"from_source": src.source})
+        return Episode(frames={self.camera: frames, key: sim}, action=episode.action, state=episode.state,
+                       fps=episode.fps, timestamps=episode.timestamps, task=episode.task,
+                       success=episode.success, provenance=prov)

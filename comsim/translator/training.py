@@ -40,6 +40,8 @@ class ModelConfig:
     heads: int = 4
     mlp_ratio: float = 4.0
     patch_size: tuple[int, int, int] = (1, 4, 4)
+    abs_pos_embed: bool = True  # absolute 2D sin-cos on top of the 3D RoPE
+    action_fourier: int = 4  # sin/cos features of the actions (0: raw values only)
     gradient_checkpointing: bool = False
 
 
@@ -135,7 +137,8 @@ def load_train_config(path: str | Path, overrides: list[str] | None = None) -> T
 
 
 # fields that fix the architecture or the meaning of the weights: a checkpoint must match them
-ARCH_FIELDS = ("model.dim", "model.depth", "model.heads", "model.mlp_ratio", "model.patch_size", "codec.type",
+ARCH_FIELDS = ("model.dim", "model.depth", "model.heads", "model.mlp_ratio", "model.patch_size",
+               "model.abs_pos_embed", "model.action_fourier", "codec.type",
                "codec.pretrained", "codec.subfolder", "codec.vae_class", "data.camera", "data.controls",
                "data.num_frames", "data.resolution")
 
@@ -256,7 +259,8 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         in_channels=codec.latent_channels, sim_channels=codec.latent_channels + 3 * len(cfg.data.controls),
         action_dim=action_dim, num_frames=t, sample_size=(h, w), patch_size=tuple(m.patch_size), dim=m.dim,
         depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
-        causal_first_frame=bool(codec.causal_first_frame))
+        causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
+        action_fourier=m.action_fourier)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
