@@ -254,7 +254,7 @@ def test_training_is_deterministic_and_resumes(data, tmp_path):
         return PolicyRunConfig(output_dir=str(tmp_path / name), policy=TINY, cache_dir=str(tmp_path / "cache"),
                                data=MixtureConfig([SourceConfig(data["real"])]),
                                train=TrainConfig(steps=steps, batch_size=4, lr=1e-3, warmup_steps=2, log_every=2,
-                                                 save_every=save_every))
+                                                 save_every=save_every, ema_decay=0.999))
     train_policy(run("a", 6), progress=False)
     # An interrupted run (checkpoint at step 4, then killed) resumes to the same weights.
     b = run("b", 6, save_every=4)
@@ -373,6 +373,8 @@ def test_experiment_runner_micro(data, tmp_path):
     assert [p["camera"] for p in by["real_sim"]["data"]] == ["front", "front_sim"]
     assert doc["claim"]["holds"] is False  # 2 training steps and 1 trial: no interval is separated
     md = (tmp_path / "exp" / "results.md").read_text()
+    sweep_md = md.split("Synthetic-fraction sweep")[1].split("## Claim")[0]
+    assert sweep_md.index("@ 0.25") < sweep_md.index("| 1 lab + 2 pseudo_real |")  # the 0.5 arm is a sweep point too
     for text in ("1 real", "skipped: dataset 'missing'", "Synthetic-fraction sweep", "1 real + 2 pseudo-real @ 0.25",
                  "## Claim", "id success", "ood success"):
         assert text in md, text

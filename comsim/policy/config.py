@@ -146,6 +146,10 @@ class TrainConfig:
     warmup_steps: int = 500
     lr_scheduler: str = "cosine"  # any diffusers.optimization scheduler name
     max_grad_norm: float = 10.0
+    # EMA of the weights (Chi et al.: decay warming up as 1 - (1 + step)^-0.75, capped here);
+    # the saved policy holds the averaged weights. null: no EMA (LeRobot's current default).
+    ema_decay: float | None = None
+    ema_power: float = 0.75
     seed: int = 0
     log_every: int = 50
     save_every: int = 0  # 0: only the final policy; else also checkpoint-<step> folders (for resuming)
@@ -154,6 +158,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
             raise ConfigError(f"train: steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if self.ema_decay is not None and not 0 < self.ema_decay < 1:
+            raise ConfigError(f"train.ema_decay: expected a number in (0, 1) or null, got {self.ema_decay}")
 
 
 @dataclass
@@ -164,6 +170,9 @@ class PolicyRunConfig:
     policy: dict = field(default_factory=dict)  # DiffusionConfig fields, optionally `preset: tiny`
     train: TrainConfig = field(default_factory=TrainConfig)
     cache_dir: str | None = None  # decoded, resized frames shared between runs (memory-mapped .npy)
+
+    def __post_init__(self):
+        self.model_config()  # errors name policy.<field>
 
     def model_config(self) -> DiffusionConfig:
         return diffusion_config(self.policy)

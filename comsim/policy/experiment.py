@@ -407,7 +407,11 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     if main:
         lines += table(main, "Training data") + [""]
     sw = [r for r in doc["arms"] if r["name"] in sweep]
-    if sw:
+    if sw:  # main arms with the sweep's mixture are points of the sweep too
+        same = {a.name for a in cfg.arms if to_dict(MixtureConfig(resolve_sources(cfg, a.sources))) ==
+                to_dict(MixtureConfig(resolve_sources(cfg, cfg.sweep.sources)))}
+        sw = sorted(sw + [r for r in main if r["name"] in same],
+                    key=lambda r: (r.get("synthetic_fraction_requested") is None, r.get("synthetic_fraction_requested")))
         lines += [f"## Synthetic-fraction sweep: {cfg.sweep.label or cfg.sweep.name}", ""]
         lines += table(sw, "Arm") + [""]
     claim = doc.get("claim")

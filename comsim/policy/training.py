@@ -64,10 +64,14 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=min(t.warmup_steps, t.steps),
                           num_training_steps=t.steps)
+    ema = None
+    if t.ema_decay is not None:
+        from diffusers.training_utils import EMAModel
+        ema = EMAModel(policy.parameters(), decay=t.ema_decay, use_ema_warmup=True, power=t.ema_power)
     history, start = [], 0
     ckpt = _latest_checkpoint(out)
     if ckpt is not None:
-        start, history = _load_checkpoint(ckpt, policy, opt, sched, data)
+        start, history = _load_checkpoint(ckpt, policy, opt, sched, data, ema)
         print(f"policy: resuming {out} from {ckpt.name}")
 
     from torch.utils.tensorboard import SummaryWriter
@@ -87,6 +91,8 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
         opt.step()
         sched.step()
+        if ema is not None:
+            ema.step(policy.parameters())
         step_times.append(time.perf_counter() - ts)
         window.append(loss.item())
         if (step + 1) % t.log_every == 0 or step + 1 == t.steps:
@@ -99,7 +105,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
             if progress:
                 bar.set_postfix(loss=f"{rec['loss']:.4f}", syn=f"{rec['sampled_fraction']:.3f}")
         if t.save_every and (step + 1) % t.save_every == 0 and step + 1 < t.steps:
-            _save_checkpoint(out, step + 1, policy, opt, sched, data, history)
+            _save_checkpoint(out, step + 1, policy, opt, sched, data, history, ema)
     tb.close()
     steady = step_times[3:] or step_times
     log = {"output_dir": str(out), "steps": t.steps, "batch_size": t.batch_size, "device": device,
@@ -107,6 +113,8 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
            "final_loss": history[-1]["loss"] if history else None, "history": history,
            "mixture": data.summary(), "train": to_dict(t), "policy": cfg.to_dict(),
            "num_parameters": sum(p.numel() for p in policy.parameters())}
+    if ema is not None:
+        ema.copy_to(policy.parameters())  # the policy that is saved and scored is the average
     policy.eval().save_pretrained(out / "policy", extra={"mixture": data.summary()})
     write_json(log, log_path)  # last: its presence means the run is finished
     for old in out.glob("checkpoint-*"):
@@ -119,12 +127,13 @@ def _latest_checkpoint(out: Path) -> Path | None:
     return max(done, key=lambda p: int(p.name.split("-")[1])) if done else None
 
 
-def _save_checkpoint(out: Path, step: int, policy, opt, sched, data: MixtureDataset, history: list) -> None:
+def _save_checkpoint(out: Path, step: int, policy, opt, sched, data: MixtureDataset, history: list, ema=None) -> None:
     tmp = out / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file({k: v.detach().cpu().contiguous() for k, v in policy.state_dict().items()}, str(tmp / WEIGHTS_NAME))
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict()}, tmp / "optimizer.pt")
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
+                "ema": ema.state_dict() if ema is not None else None}, tmp / "optimizer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, "drawn": data.drawn, "history": history}))
     tmp.rename(out / f"checkpoint-{step}")
     for old in out.glob("checkpoint-*"):
@@ -132,11 +141,13 @@ def _save_checkpoint(out: Path, step: int, policy, opt, sched, data: MixtureData
             shutil.rmtree(old)
 
 
-def _load_checkpoint(ckpt: Path, policy, opt, sched, data: MixtureDataset) -> tuple[int, list]:
+def _load_checkpoint(ckpt: Path, policy, opt, sched, data: MixtureDataset, ema=None) -> tuple[int, list]:
     state = json.loads((ckpt / "state.json").read_text())
     policy.load_state_dict(load_file(str(ckpt / WEIGHTS_NAME), device=str(policy.action_min.device)))
     opt_state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
     opt.load_state_dict(opt_state["optimizer"])
     sched.load_state_dict(opt_state["scheduler"])
+    if ema is not None:
+        ema.load_state_dict(opt_state["ema"])
     data.drawn = dict(state["drawn"])
     return state["step"], state["history"]
