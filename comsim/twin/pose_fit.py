@@ -141,6 +141,8 @@ class MaskTargets:
 
 
 def _bilinear(img: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if x.size == 0:
+        return np.zeros(0, np.float32)
     return cv2.remap(img, x.astype(np.float32)[None], y.astype(np.float32)[None], cv2.INTER_LINEAR,
                      borderMode=cv2.BORDER_REPLICATE)[0]
 
@@ -186,7 +188,8 @@ class SilhouetteScorer:
 def coarse_search(scorer: SilhouetteScorer, T0: np.ndarray, frames, size: tuple[int, int],
                   sigma_rot: float = 0.08, sigma_trans: float = 0.08, iters: int = 10, pop: int = 24,
                   elite: int = 6, keep: float = 0.7, seed: int = 0,
-                  pivot_base=(0.3, 0.0, 0.4)) -> tuple[np.ndarray, float]:
+                  pivot_base=(0.3, 0.0, 0.4), patience: int = 3, min_gain: float = 0.002
+                  ) -> tuple[np.ndarray, float]:
     """Cross-entropy search around T0; returns the best pose and its trimmed mean IoU."""
     rng = np.random.default_rng(seed)
     w, h = size
@@ -198,7 +201,9 @@ def coarse_search(scorer: SilhouetteScorer, T0: np.ndarray, frames, size: tuple[
     mean = np.zeros(6)
     std = np.array([sigma_rot] * 3 + [sigma_trans] * 3)
     best_T, best = T0, score(T0)
+    stale = 0
     for _ in range(iters):
+        before = best
         deltas = mean + std * rng.standard_normal((pop, 6))
         deltas[0] = mean
         scores = np.array([score(perturb(T0, d, pivot)) for d in deltas])
@@ -208,6 +213,9 @@ def coarse_search(scorer: SilhouetteScorer, T0: np.ndarray, frames, size: tuple[
         el = deltas[order[:elite]]
         mean = el.mean(0)
         std = np.maximum(el.std(0), [2e-3] * 3 + [2e-3] * 3)  # keep exploring a little
+        stale = stale + 1 if best - before < min_gain else 0
+        if stale >= patience:  # the population has settled: the local refinement takes over
+            break
     return best_T, best
 
 
@@ -264,6 +272,10 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
             ids.append(np.full(len(P), k))
         P = np.concatenate(pts)
         ids = np.concatenate(ids)
+        if len(P) < 6:  # the robot is out of view in every frame: nothing to fit
+            log["outer"].append({"points": int(len(P)), "cost": float("nan"), "step_m": 0.0, "step_deg": 0.0,
+                                 "offset_px": offset})
+            break
         counts = np.bincount(ids, minlength=len(frames)).astype(np.float64)
         norm = fw[ids] / np.maximum(counts[ids], 1.0)  # each frame votes equally
 

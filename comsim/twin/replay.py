@@ -205,9 +205,12 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
-                   channels=("seg",), episodes=None, report: bool = True, log=print) -> Path:
+                   channels=("seg",), episodes=None, report: bool = True, close: bool = True,
+                   log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
+    ``episodes``: a subset to do now; with ``close=False`` they are only staged, so that
+    several processes can share the work and a last call (all episodes) joins them.
     ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
     """
     if mode not in MODES:
@@ -215,16 +218,16 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     real, out = Path(real), Path(out)
     spec = twin if isinstance(twin, SceneSpec) else load_scene_spec(twin)
     ds = LeRobotDataset(real)
-    if (out / "meta" / "info.json").is_file():
-        log(f"[replay] {out} is already complete")
-        _report(out, real, report and "seg" in channels, log)
-        return out
     al_path = out / ALIGNMENT_FILE
     if al_path.is_file():  # resume: the alignment is part of what was already written
         al = json.loads(al_path.read_text())
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
             raise ValueError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
+        if (out / "meta" / "info.json").is_file():
+            log(f"[replay] {out} is already complete")
+            _report(out, real, report and "seg" in channels, log)
+            return out
     else:
         al = align(real, spec, Path(calibration) if calibration else None, camera, log=log)
         al["mode"] = mode
@@ -234,8 +237,11 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     aligned = scene_spec_from_dict(al["spec"], where=str(al_path))
     writer = DatasetWriter(out, ds.fps, resume=True)
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
+    log(f"[replay] episodes to replay: {todo} ({len(writer.finished_episodes)} already staged)")
     for e in tqdm(todo, desc=f"twin replay ({mode})", unit="episode"):
         writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels), episode_index=e)
+    if not close:
+        return out
     writer.close()
     _report(out, real, report and "seg" in channels, log)
     return out
