@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as e:  # our errors name the file and field: show them plainly
+    except (ValueError, FileNotFoundError, RuntimeError) as e:  # our errors name the file and field: show them plainly
         print(f"comsim: error: {e}", file=sys.stderr)
         return 2
     return 0

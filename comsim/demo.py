@@ -51,11 +51,23 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
+    failures: dict[str, str] = {}
 
-    def step(name, fn):
+    def step(name, fn, needs=()):
+        # A failed stage is reported, its dependants are skipped, and the report is still written.
+        missing = [n for n in needs if n in failures]
+        if missing:
+            failures[name] = f"skipped: needs {', '.join(missing)}"
+            _log(f"{name}: {failures[name]}")
+            return None
         t = time.time()
         _log(f"{name} ...")
-        result = fn()
+        try:
+            result = fn()
+        except (ValueError, RuntimeError, FileNotFoundError) as e:
+            failures[name] = f"{type(e).__name__}: {e}"
+            _log(f"{name} FAILED: {e}")
+            return None
         timings[name] = round(time.time() - t, 1)
         _log(f"{name} done in {timings[name]} s")
         return result
@@ -63,17 +75,25 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     lab_dir = out / "lab"
     step("lab record", lambda: _lab(lab_dir, p))
     paired_dir = out / "paired"
-    twin_summary = step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"))
-    model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p))
+    twin_summary = step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"),
+                        needs=["lab record"])
+    model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p),
+                     needs=["twin calibrate + replay"])
     sim_dir = out / "sim"
     step("factory generate", lambda: _generate(sim_dir, p))
     pseudo_dir = out / "pseudo_real"
-    step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir))
+    step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir), needs=["translator training", "factory generate"])
     heldout_dir = out / "heldout_pseudo_real"
-    metrics = step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json"))
-    policy = step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir))
-    report = _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings)
+    metrics = step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json"),
+                   needs=["translator training"])
+    policy = step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir),
+                  needs=["lab record"])
+    report = _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings,
+                     failures)
     _log(f"report: {report.resolve()}")
+    if failures:
+        raise RuntimeError(f"demo finished with failed stages (see the report {report.resolve()}): "
+                           + "; ".join(f"{k}: {v}" for k, v in failures.items()))
     return report.resolve()
 
 
@@ -181,11 +201,13 @@ def _policy(p: DemoProfile, out: Path, lab_dir: Path, sim_dir: Path, pseudo_dir:
 
 
 # -- report ---------------------------------------------------------------------------------
-def _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings) -> Path:
-    from comsim.translator.data import resize_video
-
+def _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings,
+            failures) -> Path:
     rep = Report(out / "report", title="ComSim demo: the lab, end to end")
     rep.text("Everything here was produced by `make demo` on the built-in lab (the reality stand-in).")
+    if failures:
+        rep.heading("Stages that did not complete")
+        rep.table([{"stage": k, "reason": v} for k, v in failures.items()])
     heldout = LeRobotDataset(heldout_dir / "pseudo") if _done(heldout_dir / "pseudo") else None
     if heldout is not None:
         rep.heading("Held-out episodes: twin render | pseudo-real | lab (real)")
@@ -210,9 +232,10 @@ def _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, met
             ep = ds.read_episode(i)
             rep.video_row([("sim", ep.frames[f"{cam}_sim"]), ("pseudo-real", ep.frames[cam])], fps=ds.fps,
                           caption=f"episode {i}: success={ep.success}")
-    lab = LeRobotDataset(lab_dir)
-    rep.heading("Lab teleoperation (the real stand-in)")
-    for i in range(min(3, len(lab))):
+    lab = LeRobotDataset(lab_dir) if _done(lab_dir) else None
+    if lab is not None:
+        rep.heading("Lab teleoperation (the real stand-in)")
+    for i in range(min(3, len(lab)) if lab is not None else 0):
         ep = lab.read_episode(i)
         rep.video_row([(f"lab episode {i}", ep.frames[lab.camera_keys[0]])], fps=lab.fps,
                       caption=f"{ep.task} success={ep.success}")
