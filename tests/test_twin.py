@@ -288,3 +288,17 @@ def test_lab_alignment_end_to_end(tmp_path):
     assert rep["object_initial_error_m_mean"] < 0.02, rep
     assert rep["object_trajectory_error_m_mean"] < 0.03, rep
     assert len(LeRobotDataset(out)) == 6
+
+
+@pytest.mark.skipif(not REAL.is_dir(), reason="../shared/real/franka_easyhec is not on this machine")
+def test_real_cell_twin_spec_matches_the_real_frames():
+    """configs/twin/franka_easyhec.yaml holds the calibrated real camera: its silhouette of
+    frame 0's joints agrees with the real mask."""
+    from comsim.twin.pose_fit import iou
+    spec = load_scene_spec(ROOT / "configs" / "twin" / "franka_easyhec.yaml")
+    fr = load_calibration_folder(REAL)
+    cam = spec.camera("real")
+    with RobotSilhouette(spec, cam.K, cam.width, cam.height) as sil:
+        sil.set_camera(np.asarray(cam.T_cam_from_base))
+        sil.set_joints(fr.joints[0], fr.fingers[0])
+        assert iou(sil.mask(), fr.masks[0] > 0.5) > 0.9

@@ -94,7 +94,7 @@ def sample_frames(ds: LeRobotDataset, cam: str, per_episode: int, maps=None, epi
     return np.stack(images), np.stack(joints), np.asarray(fingers, np.float64), ids
 
 
-def calibrate_dataset(root, spec: SceneSpec, camera: str | None = None, n_calib: int = 24,
+def calibrate_dataset(root, spec: SceneSpec, camera: str | None = None, n_calib: int = 36,
                       per_episode_bg: int = 20, seed: int = 0, init_T=None, log=print) -> dict:
     """Camera calibration from a dataset's own frames (no masks, no board)."""
     t0 = time.perf_counter()

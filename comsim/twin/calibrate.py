@@ -213,10 +213,16 @@ def viewpoint_search(scorer: SilhouetteScorer, frames, size, target=(0.3, 0.0, 0
 # ----------------------------------------------------------------- folder -> files
 
 
-def calibrate_folder(folder, robot: str = "panda", out=None, time_budget_s: float = 540.0, seed: int = 0,
+def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540.0, seed: int = 0,
                      log=print) -> dict:
-    """``comsim twin calibrate``: load, fit, write ``calibration.json`` + overlays into ``out``."""
+    """``comsim twin calibrate``: load, fit, write ``calibration.json`` + overlays into ``out``.
+
+    ``robot``: a built-in robot name, a RobotSpec / SceneSpec, or a twin spec YAML (its robot).
+    """
     fr = load_calibration_folder(folder)
+    if isinstance(robot, (str, Path)) and str(robot).endswith((".yaml", ".yml")):  # a twin spec: its robot
+        from comsim.sim.spec import load_scene_spec
+        robot = load_scene_spec(robot)
     result = calibrate_camera(fr, robot=robot, time_budget_s=time_budget_s, seed=seed, log=log)
     result["folder"] = str(Path(folder))
     if out is not None:

@@ -50,17 +50,26 @@ def object_points(obj: ObjectSpec, x: float, y: float, yaw: float) -> np.ndarray
     return np.concatenate([np.c_[xy, np.zeros(len(xy))], np.c_[xy, np.full(len(xy), h)]])
 
 
-def coverage(obj: ObjectSpec, pose, K, T, shape: tuple[int, int], window: tuple[int, int, int, int]) -> np.ndarray:
-    """Fractional pixel coverage of the object's silhouette inside ``window`` (x0, y0, x1, y1)."""
+def _fill(hull_uv: np.ndarray, window) -> np.ndarray:
     x0, y0, x1, y1 = window
-    uv = project_points(K, T, object_points(obj, *pose))
-    hull = cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2)
     S = SUPERSAMPLE
     # Pixel centres are integers: the window's top-left pixel spans [x0 - 0.5, x0 + 0.5).
-    pts = np.round((hull - [x0 - 0.5, y0 - 0.5]) * S * 8).astype(np.int32)  # 3 more fractional bits
+    pts = np.round((hull_uv - [x0 - 0.5, y0 - 0.5]) * S * 8).astype(np.int32)  # 3 more fractional bits
     canvas = np.zeros(((y1 - y0) * S, (x1 - x0) * S), np.uint8)
     cv2.fillPoly(canvas, [pts], 255, lineType=cv2.LINE_8, shift=3)
     return cv2.resize(canvas.astype(np.float32) / 255.0, (x1 - x0, y1 - y0), interpolation=cv2.INTER_AREA)
+
+
+def coverage(obj: ObjectSpec, pose, K, T, window: tuple[int, int, int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Fractional pixel coverage inside ``window`` (x0, y0, x1, y1) of the object's top face
+    and of the rest of its silhouette (the visible sides), each blurred like the camera.
+    (Fitting the two with separate brightness levels was tried: the extra freedom let
+    shadows and lit sides pull the pose, so the fit uses their sum.)"""
+    uv = project_points(K, T, object_points(obj, *pose))
+    whole = _fill(cv2.convexHull(uv.astype(np.float32)).reshape(-1, 2), window)
+    top = _fill(cv2.convexHull(uv[len(uv) // 2:].astype(np.float32)).reshape(-1, 2), window)
+    blur = (lambda c: cv2.GaussianBlur(c, (0, 0), BLUR_PX))
+    return blur(top), blur(np.clip(whole - top, 0.0, 1.0))
 
 
 def chroma(img: np.ndarray) -> np.ndarray:
@@ -144,9 +153,8 @@ def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=No
     target = like[win[1]:win[3], win[0]:win[2]]
 
     def loss(v):
-        c = coverage(obj, (v[0], v[1], v[2]), K, T, (H, W), win)
-        c = cv2.GaussianBlur(c, (0, 0), BLUR_PX)  # the camera's own blur, so edges compare like for like
-        return float(((c - target) ** 2).sum())
+        top, side = coverage(obj, (v[0], v[1], v[2]), K, T, win)
+        return float(((top + side - target) ** 2).sum())
 
     period = symmetry(obj)
     starts = [0.0] if period is None else list(np.arange(0, period, period / 6))
