@@ -274,6 +274,32 @@ def test_replay_resumes(lab, tmp_path):
     assert len(LeRobotDataset(out)) == 2 and not (out / ".staging").exists()
 
 
+def test_replay_missing_video_names_the_file(lab, tmp_path):
+    """A real dataset with frames missing (a video file gone): a clear error naming it."""
+    from comsim.twin.replay import replay_dataset
+    broken = tmp_path / "broken"
+    shutil.copytree(lab, broken)
+    video = next((broken / "videos").rglob("*.mp4"))
+    video.unlink()
+    with pytest.raises(DatasetError) as e:
+        replay_dataset(broken, CELL, tmp_path / "out", calibration=nominal_calibration(tmp_path / "c.json"),
+                       log=lambda *a: None)
+    assert video.name in str(e.value)
+
+
+def test_replay_intrinsics_for_another_size_names_the_file(lab, tmp_path):
+    from comsim.twin.replay import replay_dataset
+    broken = tmp_path / "broken"
+    shutil.copytree(lab, broken)
+    path = broken / "camera_intrinsics.json"
+    d = json.loads(path.read_text())
+    d["width"], d["height"] = 640, 480
+    path.write_text(json.dumps(d))
+    with pytest.raises(CalibrationDataError) as e:
+        replay_dataset(broken, CELL, tmp_path / "out", log=lambda *a: None)
+    assert "camera_intrinsics.json" in str(e.value) and "640x480" in str(e.value)
+
+
 @pytest.mark.slow
 def test_lab_alignment_end_to_end(tmp_path):
     """Lab push episodes, twin starting from its nominal camera (7.8 cm / 5.8 deg off): the

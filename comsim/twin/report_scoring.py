@@ -118,16 +118,22 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
         summary.update({
             "camera_position_error_m": d_m, "camera_rotation_error_deg": d_deg,
             "mean_robot_iou_vs_true_masks": float(np.mean([x["robot_iou_vs_true_masks"] for x in eps])),
-            "object_initial_error_m_mean": float(np.mean([v for x in eps for v in x["object_initial_error_m"].values()])),
-            "object_initial_error_m_max": float(np.max([v for x in eps for v in x["object_initial_error_m"].values()])),
-            "object_trajectory_error_m_mean": float(np.mean([v for x in eps for v in x["object_trajectory_error_m_mean"].values()])),
-            "object_trajectory_error_m_max": float(np.max([v for x in eps for v in x["object_trajectory_error_m_max"].values()])),
+            "object_initial_error_m_mean": float(np.mean(_all(eps, "object_initial_error_m"))),
+            "object_initial_error_m_max": float(np.max(_all(eps, "object_initial_error_m"))),
+            "object_trajectory_error_m_mean": float(np.mean(_all(eps, "object_trajectory_error_m_mean"))),
+            "object_trajectory_error_m_max": float(np.max(_all(eps, "object_trajectory_error_m_max"))),
         })
     report["summary"] = summary
     if true_masks is not None:
         true_masks.close()
     log(f"[report] {json.dumps(summary)}")
     return report
+
+
+def _all(episodes: list[dict], key: str) -> list[float]:
+    """Every object's value of ``key`` over all episodes (NaN if none, e.g. nothing found)."""
+    vals = [v for x in episodes for v in x[key].values()]
+    return vals or [float("nan")]
 
 
 def _yaw(quat) -> float:
