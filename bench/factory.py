@@ -7,7 +7,9 @@ Measures, on this machine:
   pixel space, dim 128, depth 4, 8 frames of 32x32, 20 steps, both guidance weights on). The
   model is RANDOMLY INITIALIZED: timing only, nothing about image quality;
 - linearity: the time to translate one episode of L frames and one of 4L frames (a warm model,
-  in-process, best of `--repeats`), and their ratio.
+  in-process, best of `--repeats`), and their ratio. The translator works in overlapping windows
+  (8 frames, stride 4), so its cost is ~(T - 4) / 4 windows: the ratio approaches 4 from above
+  as L grows (4.16 windows for L = 80, 4.6 for L = 24).
 With ``--success N``: every built-in task's success rate on N in-distribution and N
 out-of-distribution seeds (2 workers), with failures by reason.
 
@@ -72,7 +74,15 @@ def tiny_translator(path: Path) -> Path:
     return make_pipeline(cfg, model.eval(), PixelCodec(), normalizer, fps=10).save_pretrained(path)
 
 
-def bench_conversion(sim: Path, tmp: Path, repeats: int, steps: int) -> dict:
+def _subset(sim: Path, n: int, out: Path) -> Path:
+    """The first ``n`` episodes of a dataset, as a dataset of their own."""
+    from comsim.io.lerobot import LeRobotDataset, write_dataset
+
+    ds = LeRobotDataset(sim)
+    return write_dataset(out, (ds[i] for i in range(min(n, len(ds)))), fps=ds.fps)
+
+
+def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int, lin_steps: int, repeats: int) -> dict:
     import torch
 
     from comsim.convert import convert_dataset, convert_episode
@@ -81,36 +91,41 @@ def bench_conversion(sim: Path, tmp: Path, repeats: int, steps: int) -> dict:
     from comsim.translator.pipeline import TranslatorPipeline
 
     model = tiny_translator(tmp / "tiny")
+    small = _subset(sim, episodes, tmp / "sim_subset")
     args = dict(w_action=1.0, w_sim=1.0, steps=steps, strength=1.0, seed=0)
-    rep = convert_dataset(model, sim, tmp / "pseudo", progress=False, **args)  # 1 process, 1 thread
+    rep = convert_dataset(model, small, tmp / "pseudo", progress=False, **args)  # 1 process, 1 thread
     out = {"translator": "configs/translator/tiny.yaml, random init (timing only)", "steps": steps,
-           "threads": 1, "convert_frames_per_s": rep["frames_per_second"], "convert_frames": rep["frames_now"]}
+           "threads": 1, "convert_frames_per_s": rep["frames_per_second"], "convert_frames": rep["frames_now"],
+           "load": load()}
 
-    # Linearity: one episode of L frames vs one of 4L (4 episodes back to back), warm model.
+    # Linearity: one episode of L frames vs one of 4L (4 episodes back to back), warm model,
+    # the episode's whole conversion (resize, windows, assembly), without disk I/O.
     torch.set_num_threads(1)
     pipe = TranslatorPipeline.from_pretrained(model)
     ds = LeRobotDataset(sim)
     eps = [ds[i] for i in range(4)]
     L = min(len(e) for e in eps)
-    short = eps[0]
-    short = Episode(frames={"front_sim": short.frames["front_sim"][:L]}, action=short.action[:L],
-                    state=short.state[:L], fps=short.fps, provenance=short.provenance)
-    long = Episode(frames={"front_sim": np.concatenate([e.frames["front_sim"][:L] for e in eps])},
-                   action=np.concatenate([e.action[:L] for e in eps]),
-                   state=np.concatenate([e.state[:L] for e in eps]), fps=short.fps, provenance=short.provenance)
-    g = {k: args[k] for k in ("w_action", "w_sim", "steps", "strength")}
-    convert_episode(pipe, short, 0, 0, g, "h", "bench")  # warm-up
+
+    def cut(parts):
+        return Episode(frames={"front_sim": np.concatenate([e.frames["front_sim"][:L] for e in parts])},
+                       action=np.concatenate([e.action[:L] for e in parts]),
+                       state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
+
+    g = {"w_action": 1.0, "w_sim": 1.0, "steps": lin_steps, "strength": 1.0}
+    convert_episode(pipe, cut(eps[:1]), 0, 0, g, "h", "bench")  # warm-up
     times = {}
-    for name, ep in (("L", short), ("4L", long)):
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            convert_episode(pipe, ep, 0, 0, g, "h", "bench")
-            best = min(best, time.perf_counter() - t0)
-        times[name] = best
-    out.update({"L_frames": L, "time_L_s": round(times["L"], 3), "time_4L_s": round(times["4L"], 3),
-                "ratio_4L_over_L": round(times["4L"] / times["L"], 3)})
+    for name, ep in (("L", cut(eps[:1])), ("4L", cut(eps))):
+        times[name] = min(_timed(lambda: convert_episode(pipe, ep, 0, 0, g, "h", "bench")) for _ in range(repeats))
+    out.update({"linearity_steps": lin_steps, "L_frames": L, "time_L_s": round(times["L"], 3),
+                "time_4L_s": round(times["4L"], 3), "ratio_4L_over_L": round(times["4L"] / times["L"], 3),
+                "load_after": load()})
     return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def success_rates(n: int, tmp: Path) -> dict:
@@ -131,18 +146,25 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="stack")
     ap.add_argument("--episodes", type=int, default=16, help="episodes per generation run")
-    ap.add_argument("--repeats", type=int, default=3, help="timings per episode length (best is kept)")
-    ap.add_argument("--steps", type=int, default=20, help="translator sampling steps")
+    ap.add_argument("--convert-episodes", type=int, default=2, help="episodes converted for frames/s")
+    ap.add_argument("--steps", type=int, default=20, help="translator sampling steps for frames/s")
+    ap.add_argument("--linearity-steps", type=int, default=4, help="sampling steps for the L vs 4L timing")
+    ap.add_argument("--repeats", type=int, default=2, help="timings per episode length (best is kept)")
     ap.add_argument("--success", type=int, default=0, help="also measure success rates on N seeds per task/split")
     ap.add_argument("--skip-speed", action="store_true", help="only the success rates")
     a = ap.parse_args()
+    # diffusers imports triton, which crashes (SIGSEGV in free) when it is loaded AFTER Mesa's
+    # llvmpipe has rendered in this process; loaded before, both work. Imported here, not at the
+    # top, so that the spawned generation workers (which re-import this file) stay light.
+    import comsim.translator.pipeline  # noqa: F401
     tmp = Path(tempfile.mkdtemp(prefix="bench_factory_"))
     result = {"machine_cpus": os.cpu_count()}
     try:
         if not a.skip_speed:
             result["generation"] = bench_generation(a.task, a.episodes, tmp)
             print(json.dumps(result["generation"]), flush=True)
-            result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.repeats, a.steps)
+            result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
+                                                    a.linearity_steps, a.repeats)
             print(json.dumps(result["conversion"]), flush=True)
         if a.success:
             result["success"] = success_rates(a.success, tmp)

@@ -142,9 +142,12 @@ def _accelerate_state():
     """accelerate's PartialState when this process was started by `accelerate launch`, else None."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return None
+    import torch
     from accelerate import PartialState
 
-    return PartialState()
+    # PartialState only makes a CPU process group when told so (Accelerator reads this variable itself).
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    return PartialState(cpu=cpu)
 
 
 def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float = 1.0,

@@ -127,12 +127,15 @@ class CartesianCommander:
         return np.concatenate([self.q, [self.grip]]).astype(np.float32)
 
     def move(self, pos, yaw: float | None = None, grip: float | None = None, speed: float = 1.0,
-             min_s: float = 0.4) -> Iterator[np.ndarray]:
-        """Min-jerk move of the commanded pose to ``pos`` (and ``yaw``) at ``speed`` x the nominal speed."""
+             min_s: float = 0.4, time_scale: float = 1.0) -> Iterator[np.ndarray]:
+        """Min-jerk move of the commanded pose to ``pos`` (and ``yaw``) at ``speed`` x the nominal speed.
+
+        ``time_scale`` stretches the duration (a person's timing varies from move to move)."""
         start, yaw0 = self.pos.copy(), self.yaw
         goal = np.asarray(pos, dtype=np.float64)
         yaw1 = yaw0 if yaw is None else float(yaw)
         n = move_frames(float(np.linalg.norm(goal - start)), yaw1 - yaw0, self.dt, self.speed * speed, min_s)
+        n = max(1, round(n * time_scale))
         for k in range(1, n + 1):
             s = min_jerk(k / n)
             self.pos = start + (goal - start) * s
