@@ -44,11 +44,27 @@ def load() -> list[float]:
 
 
 def bench_generation(task: str, episodes: int, tmp: Path) -> dict:
+    """Wall-clock episodes/minute with 1 and 2 workers, and the CPU time they used.
+
+    ``cores_used`` = CPU seconds / wall seconds: how much of the machine the run actually got.
+    On a shared machine with the kernel's autogroup scheduling, a session's processes share ONE
+    fair slice while other sessions are busy, so two workers may get ~1 core between them;
+    ``cpu_s_per_episode`` then shows whether a worker itself got any slower.
+    """
+    import resource
+
     out = {"task": task, "episodes": episodes, "load_before": load()}
     for workers in (1, 2):
+        cpu0, kids0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
         rep = generate_dataset(task, episodes, tmp / f"gen{workers}", workers=workers, seed=100, progress=False)
+        wall = time.perf_counter() - t0
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = time.process_time() - cpu0 + (kids.ru_utime - kids0.ru_utime) + (kids.ru_stime - kids0.ru_stime)
         out[f"eps_per_min_{workers}w"] = rep["episodes_per_minute"]
         out[f"success_{workers}w"] = rep["successes"]
+        out[f"cpu_s_per_episode_{workers}w"] = round(cpu / episodes, 3)
+        out[f"cores_used_{workers}w"] = round(cpu / wall, 2)
     out["speedup_2w"] = round(out["eps_per_min_2w"] / out["eps_per_min_1w"], 3)
     out["frames_per_episode"] = round(rep["frames"] / rep["episodes"], 1)
     out["load_after"] = load()
@@ -152,6 +168,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timings per episode length (best is kept)")
     ap.add_argument("--success", type=int, default=0, help="also measure success rates on N seeds per task/split")
     ap.add_argument("--skip-speed", action="store_true", help="only the success rates")
+    ap.add_argument("--skip-conversion", action="store_true", help="generation speed only")
     a = ap.parse_args()
     # diffusers imports triton, which crashes (SIGSEGV in free) when it is loaded AFTER Mesa's
     # llvmpipe has rendered in this process; loaded before, both work. Imported here, not at the
@@ -163,6 +180,7 @@ def main() -> None:
         if not a.skip_speed:
             result["generation"] = bench_generation(a.task, a.episodes, tmp)
             print(json.dumps(result["generation"]), flush=True)
+        if not a.skip_speed and not a.skip_conversion:
             result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
                                                     a.linearity_steps, a.repeats)
             print(json.dumps(result["conversion"]), flush=True)
