@@ -408,18 +408,28 @@ def test_shipped_experiment_configs_load():
 
 
 @pytest.mark.slow
-def test_tiny_policy_learns_to_move_toward_the_demonstrations(data, tmp_path):
-    """A few hundred steps: the policy's first actions follow the demonstrated direction."""
+def test_tiny_policy_learns_to_follow_the_demonstration(data, tmp_path):
+    """1000 steps on one episode: predicted chunks follow the demonstrated actions far better
+    than the untrained policy's (~3 min on 2 cores; 400 steps are not enough)."""
     run = PolicyRunConfig(output_dir=str(tmp_path / "run"), policy=TINY, cache_dir=str(tmp_path / "cache"),
                           data=MixtureConfig([SourceConfig(data["real"])]),
-                          train=TrainConfig(steps=300, batch_size=32, lr=1e-3, warmup_steps=20, log_every=50))
+                          train=TrainConfig(steps=1000, batch_size=16, lr=1e-3, warmup_steps=20, log_every=100,
+                                            ema_decay=0.999))
     log = train_policy(run, progress=False)
     assert log["history"][-1]["loss"] < 0.5 * log["history"][0]["loss"]
     ep = LeRobotDataset(data["real"]).read_episode(0)
-    policy = DiffusionPolicy.from_pretrained(tmp_path / "run" / "policy")
-    policy.reset()
-    g = torch.Generator().manual_seed(0)
-    pred = np.stack([policy.select_action({"image": ep.frames["front"][t], "state": ep.state[t]}, g) for t in range(8)])
-    err = np.abs(pred[:, :7] - ep.action[:8, :7]).mean()
-    base = np.abs(ep.state[:8, :7] - ep.action[:8, :7]).mean() + np.abs(ep.action[:, :7] - ep.action[:, :7].mean(0)).mean()
-    assert err < base
+    mix = MixtureDataset(run.data, run.model_config(), run.cache_dir)
+
+    def chunk_error(policy):
+        errs = []
+        for t in range(0, len(ep) - 8, 10):
+            policy.reset()
+            g = torch.Generator().manual_seed(t)
+            pred = [policy.select_action({"image": ep.frames["front"][t + k], "state": ep.state[t + k]}, g)
+                    for k in range(8)]
+            errs.append(np.abs(np.stack(pred)[:, :7] - ep.action[t:t + 8, :7]).mean())
+        return float(np.mean(errs))
+
+    trained = chunk_error(DiffusionPolicy.from_pretrained(tmp_path / "run" / "policy"))
+    untrained = chunk_error(tiny_policy(mix.stats()).eval())
+    assert trained < 0.65 * untrained, (trained, untrained)  # measured here: 0.23 vs 0.43 rad

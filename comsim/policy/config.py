@@ -153,7 +153,7 @@ class TrainConfig:
     seed: int = 0
     log_every: int = 50
     save_every: int = 0  # 0: only the final policy; else also checkpoint-<step> folders (for resuming)
-    num_threads: int | None = None  # torch CPU threads (None: torch's default)
+    num_threads: int | None = None  # torch CPU threads for training and scoring (None: torch's default)
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:

@@ -162,7 +162,8 @@ def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[
 
 def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
-    key = hash_dict({"data": to_dict(mix), "policy": diffusion_config(cfg.policy).to_dict(), "train": to_dict(cfg.train)})
+    train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
+    key = hash_dict({"data": to_dict(mix), "policy": diffusion_config(cfg.policy).to_dict(), "train": train})
     out = Path(cfg.output_dir)
     return PolicyRunConfig(output_dir=str(out / "arms" / f"{arm.name}-{key[:8]}"), data=mix, policy=dict(cfg.policy),
                            train=cfg.train, cache_dir=cfg.cache_dir or str(out / "cache"))
@@ -197,7 +198,6 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             generate_dataset(spec.program or cfg.task, spec.episodes, path, workers=spec.workers, seed=spec.seed,
                              split=spec.split)
         elif spec.build == "convert":
-            upstream = None
             if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "
                        f"(train one with train/train_translator.py, or set datasets.{name}.translator)")
@@ -299,6 +299,9 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         if unknown:
             raise ConfigError(f"--arms: no arm(s) {unknown}; arms are {[a.name for a in all_arms]}")
         all_arms = [a for a in all_arms if a.name in arms]
+    if cfg.train.num_threads:
+        import torch
+        torch.set_num_threads(cfg.train.num_threads)
     needed = {s.dataset for a in all_arms for s in a.sources if s.dataset in cfg.datasets}
     missing = ensure_datasets(cfg, needed, log)
     t0 = time.time()

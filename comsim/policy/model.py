@@ -314,7 +314,7 @@ class DiffusionPolicy(nn.Module):
         """obs {"image": uint8 (H, W, 3) at any size, "state": (S,)} -> action (A,) float32."""
         cfg = self.config
         image = torch.from_numpy(resize_frames(np.asarray(obs["image"]), cfg.image_size)).permute(2, 0, 1)
-        state = torch.as_tensor(np.asarray(obs["state"], np.float32))
+        state = torch.tensor(np.asarray(obs["state"], np.float32))  # a copy: obs arrays may be read-only
         if not self._obs:  # episode start: repeat the first observation (as LeRobot pads)
             self._obs.extend([(image, state)] * cfg.n_obs_steps)
         else:
