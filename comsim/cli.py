@@ -53,14 +53,9 @@ def _generate(a):
     if not a.task:
         raise ValueError("--task is required")
     if a.dry_run:
-        from comsim.factory.expert import prepare_setup, robot_only_scene
-        from comsim.factory.layout import episode_seed
-        from comsim.factory.program import load_program
+        from comsim.factory.generate import check_task
 
-        program = load_program(a.task)
-        robot = robot_only_scene(program)
-        for k in range(8):
-            prepare_setup(program, episode_seed(a.seed, k), a.split, robot)
+        program = check_task(a.task, a.seed, a.split)
         print(json.dumps({"task": program.name, "file": str(program.path), "ok": True,
                           "steps": [s.primitive for s in program.steps], "objects": list(program.objects),
                           "targets": list(program.targets), "splits": sorted(program.layout)}))

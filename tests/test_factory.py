@@ -77,7 +77,8 @@ def _edited(tmp_path, old: str, new: str, base: str = "stack") -> tuple[Path, in
     ("- lift: {height: [0.10, 0.14]}", "- lift: {height: [0.10, 0.9]}",
      "lift.height: [0.1, 0.9] is out of range; allowed [0.02, 0.3]"),
     ("- lift: {height: [0.10, 0.14]}", "- lift: {hieght: 0.1}", "lift: unknown parameter 'hieght'"),
-    ("- release: {retreat: 0.10}", "- move: {to: [1.2, 0.0, 0.1]}", "move.to: [1.2, 0.0, 0.1] is outside the workspace"),
+    ("- release: {retreat: 0.10}", "- move: {to: [1.2, 0.0, 0.1]}",
+     "move.to: [1.2, 0.0, 0.1] is outside the workspace"),
     ("- grasp: {object: top}", "- wait: {seconds: 1}", "+2 stack: nothing is held here; add a grasp before it"),
     ("colors: [red, orange, yellow]", "colors: [red, ornage]", "objects.top.colors[1]: colour 'ornage' unknown"),
     ("top:  {x: [0.42, 0.58], y: [-0.20, -0.05]}", "top:  {x: [0.42, 0.58], y: [-0.20, -0.05], z: 1}",
@@ -158,8 +159,8 @@ def test_episode_seeds_do_not_collide():
 def test_vetting_rejects_unreachable_layouts_of_one_seed(tmp_path):
     # A region half out of reach: unlucky layouts are redrawn (counted), the task stays valid.
     path = reach_task(tmp_path)
-    text = path.read_text().replace("{cube: {x: [0.45, 0.55], y: [-0.1, 0.1]}}", "{cube: {x: [0.55, 0.8], y: [0.3, 0.4]}}")
-    path.write_text(text)
+    path.write_text(path.read_text().replace("{cube: {x: [0.45, 0.55], y: [-0.1, 0.1]}}",
+                                             "{cube: {x: [0.55, 0.8], y: [0.3, 0.4]}}"))
     prog = load_program(path)
     robot = robot_only_scene(prog)
     verdicts = [vet_setup(prog, _homed(sample_setup(prog, s, "id"), robot), robot) for s in range(12)]
@@ -197,7 +198,7 @@ def _stacked_in_frame(seg, top_label, base_label) -> bool:
     top, base = _mask(seg, top_label), _mask(seg, base_label)
     if top.sum() < 5 or base.sum() < 5:
         return False
-    (ct, t_min, t_max), (cb, b_min, b_max) = _centroid(top), _centroid(base)
+    (ct, _, t_max), (cb, b_min, _) = _centroid(top), _centroid(base)
     cols = np.nonzero(base.any(0))[0]
     return bool(ct[1] < cb[1] and t_max >= b_min - 2 and t_max <= b_min + 4
                 and cols.min() - 2 <= ct[0] <= cols.max() + 2)

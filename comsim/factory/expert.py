@@ -10,14 +10,15 @@ episode is still recorded (honest data), with ``success`` from the predicate and
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from comsim.episode import Episode, Provenance
-from comsim.factory.layout import EpisodeSetup, home_pose
+from comsim.factory.layout import EpisodeSetup, home_pose, sample_setup
 from comsim.factory.primitives import PRIMITIVES, Expert, PlanState, PrimitiveFailure
-from comsim.factory.program import TaskProgram
+from comsim.factory.program import ProgramError, TaskProgram
 from comsim.factory.success import evaluate
 from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
 from comsim.sim.render import SceneRenderer
@@ -69,8 +70,6 @@ def vet_setup(program: TaskProgram, setup: EpisodeSetup, robot_scene: Scene) -> 
 
 def robot_only_scene(program: TaskProgram) -> Scene:
     """The cell with no objects: for IK checks and the home pose."""
-    import copy
-
     spec = copy.deepcopy(program.scene)
     spec.objects = []
     return Scene(spec)
@@ -144,7 +143,8 @@ def run_episode(program: TaskProgram, setup: EpisodeSetup, controls: tuple[str, 
         failure, detail = "predicate", f"{program.path}: not met: {failed}"
     frames = {f"{cam}_sim": np.stack(rec["rgb"])}
     frames.update({f"{cam}_sim_{c}": np.stack(rec[c]) for c in controls})
-    prov = Provenance(source="sim", task=program.name, seed=setup.seed, twin_spec_hash=twin_hash or spec_hash(program.scene),
+    twin_hash = twin_hash or spec_hash(program.scene)
+    prov = Provenance(source="sim", task=program.name, seed=setup.seed, twin_spec_hash=twin_hash,
                       extra={"program_hash": program.hash, "program": program.path.name, "setup": setup.describe(),
                              "checks": verdicts, "failure": None if success else failure,
                              "failure_detail": None if success else detail})
@@ -160,9 +160,6 @@ def prepare_setup(program: TaskProgram, seed: int, split: str, robot_scene: Scen
     Returns (setup, redraws). A seed whose ``max_draws`` layouts are all unreachable means the
     task's regions are mostly out of reach: a ProgramError naming the line, not a bad seed.
     """
-    from comsim.factory.layout import sample_setup
-    from comsim.factory.program import ProgramError
-
     home, home_yaw = home_pose(robot_scene)
     last = None
     for draw in range(max_draws):

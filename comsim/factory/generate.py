@@ -59,13 +59,14 @@ def make_episode(task_path: str, index: int, seed: int, split: str, only_success
 
     program, robot, twin_hash = _worker_state(task_path)
     discarded = []
-    for attempt in range(max_attempts if only_success else 1):
+    n_attempts = max_attempts if only_success else 1
+    for attempt in range(n_attempts):
         s = episode_seed(seed, index, attempt)
         setup, redraws = prepare_setup(program, s, split, robot)
         result = run_episode(program, setup, controls, twin_hash)
         extra = result.episode.provenance.extra
         extra.update(episode_index=index, attempt=attempt, layout_redraws=redraws)
-        if result.success or attempt == (max_attempts if only_success else 1) - 1:
+        if result.success or attempt == n_attempts - 1:
             extra["discarded_attempts"] = discarded
             extra["gave_up"] = bool(only_success and not result.success)
             return result
@@ -90,6 +91,20 @@ def _init_worker():
     os.environ.setdefault("LP_NUM_THREADS", "1")
 
 
+def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int = 8):
+    """Load a task and vet ``layouts`` of its episodes with IK: a task whose regions or targets are
+    out of reach fails here (ProgramError naming the line), before anything is written."""
+    from comsim.factory.expert import prepare_setup, robot_only_scene
+    from comsim.factory.layout import episode_seed
+    from comsim.factory.program import load_program
+
+    program = load_program(task)
+    robot = robot_only_scene(program)
+    for k in range(layouts):
+        prepare_setup(program, episode_seed(seed, k), split, robot)
+    return program
+
+
 def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, workers: int = 1, seed: int = 0,
                      split: str = "id", only_success: bool = False, max_attempts: int = 10,
                      controls: tuple[str, ...] | list[str] = (), progress: bool = True) -> dict:
@@ -97,10 +112,6 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
 
     Checks the task (with IK on sampled layouts) before anything is written; returns the report.
     """
-    from comsim.factory.expert import prepare_setup, robot_only_scene
-    from comsim.factory.layout import episode_seed
-    from comsim.factory.program import load_program
-
     if episodes < 1:
         raise ValueError(f"episodes: expected at least 1, got {episodes}")
     if workers < 1:
@@ -112,12 +123,8 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if bad:
         raise ValueError(f"controls: {bad} unknown; known: {list(CONTROLS)}")
     _init_worker()
-    program = load_program(task)
+    program = check_task(task, seed, split)
     task_path = str(program.path.resolve())
-    # Preflight: a task whose regions are out of reach fails here, naming the line.
-    robot = robot_only_scene(program)
-    for k in range(8):
-        prepare_setup(program, episode_seed(seed, k), split, robot)
 
     out = Path(out)
     header = {"task": program.name, "program": task_path, "program_hash": program.hash, "seed": seed,

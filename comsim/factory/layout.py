@@ -22,6 +22,7 @@ import numpy as np
 
 from comsim.factory.params import sample
 from comsim.factory.program import ObjectRole, ProgramError, Region, TaskProgram
+from comsim.sim.motion import tcp_yaw
 from comsim.sim.scene import Scene, build_mjspec
 from comsim.sim.spec import ObjectSpec, SceneSpec
 
@@ -214,8 +215,7 @@ def _sample_distractors(program: TaskProgram, roles, poses, targets, rng) -> lis
 
 
 def home_pose(scene: Scene) -> tuple[np.ndarray, float]:
-    from comsim.sim.motion import tcp_yaw
-
+    """Where the hand is when an episode starts (the spec's initial posture)."""
     pos, quat = scene.tcp_pose()
     return pos, tcp_yaw(quat)
 
