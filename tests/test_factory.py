@@ -182,10 +182,9 @@ def _homed(setup, robot):
 
 
 def _mask(seg_rgb: np.ndarray, label: int) -> np.ndarray:
-    from comsim.factory.expert import SEG_PALETTE
+    from comsim.twin.camera_model import rgb_to_seg
 
-    d = np.abs(seg_rgb.astype(int) - SEG_PALETTE[label].astype(int)).sum(-1)
-    return d < 60
+    return rgb_to_seg(seg_rgb) == label
 
 
 def _centroid(mask):

@@ -24,12 +24,9 @@ from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
 from comsim.sim.spec import spec_hash
+from comsim.twin.camera_model import depth_to_rgb, seg_to_rgb
 
 SETTLE_S = 0.5
-SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 25, 75], [60, 180, 75], [0, 130, 200], [255, 225, 25],
-                        [245, 130, 48], [145, 30, 180], [70, 240, 240], [240, 50, 230], [210, 245, 60],
-                        [250, 190, 212]], dtype=np.uint8)
-DEPTH_RANGE_M = (0.0, 3.0)  # depth control video: 0..255 grey over this range
 
 
 @dataclass
@@ -85,14 +82,13 @@ class EpisodeResult:
 
 
 def _controls_frame(renderer: SceneRenderer, controls: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """Control videos encoded exactly as the twin's paired data encodes them (the translator
+    trained on those must read these the same way)."""
     out = {}
     if "seg" in controls:
-        seg = renderer.segmentation()
-        out["seg"] = SEG_PALETTE[np.clip(seg, 0, len(SEG_PALETTE) - 1)]
+        out["seg"] = seg_to_rgb(renderer.segmentation())
     if "depth" in controls:
-        lo, hi = DEPTH_RANGE_M
-        g = np.clip((renderer.depth() - lo) / (hi - lo) * 255.0, 0, 255).round().astype(np.uint8)
-        out["depth"] = np.repeat(g[..., None], 3, axis=-1)
+        out["depth"] = depth_to_rgb(renderer.depth())
     return out
 
 
