@@ -169,6 +169,7 @@ def main() -> None:
     ap.add_argument("--success", type=int, default=0, help="also measure success rates on N seeds per task/split")
     ap.add_argument("--skip-speed", action="store_true", help="only the success rates")
     ap.add_argument("--skip-conversion", action="store_true", help="generation speed only")
+    ap.add_argument("--skip-generation", action="store_true", help="conversion speed only")
     a = ap.parse_args()
     # diffusers imports triton, which crashes (SIGSEGV in free) when it is loaded AFTER Mesa's
     # llvmpipe has rendered in this process; loaded before, both work. Imported here, not at the
@@ -177,9 +178,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_factory_"))
     result = {"machine_cpus": os.cpu_count()}
     try:
-        if not a.skip_speed:
+        if not a.skip_speed and not a.skip_generation:
             result["generation"] = bench_generation(a.task, a.episodes, tmp)
             print(json.dumps(result["generation"]), flush=True)
+        elif not a.skip_speed:  # conversion input only
+            generate_dataset(a.task, 4, tmp / "gen1", seed=100, progress=False)
         if not a.skip_speed and not a.skip_conversion:
             result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
                                                     a.linearity_steps, a.repeats)
