@@ -95,6 +95,12 @@ def _eval_video(a):
     print(json.dumps(report))
 
 
+def _report(a):
+    from comsim.report.run import build_report
+
+    print(build_report(Path(a.run_dir), title=a.title, max_episodes=a.max_episodes).resolve())
+
+
 def _demo(a):
     from comsim.demo import run_demo
 
@@ -196,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--device", default="cpu")
     v.add_argument("--out", default=None, help="also write the report here (indented JSON)")
     v.set_defaults(func=_eval_video)
+
+    rr = sub.add_parser("report", help="HTML report of a run folder (videos, metrics, policy table, plots)",
+                        description="Writes RUN_DIR/report.html (clips in RUN_DIR/report_media/); it opens "
+                        "from disk in a browser. Parts the run did not produce are marked 'not run'.")
+    rr.add_argument("run_dir", help="a `comsim demo --out` folder, or an experiment's output folder")
+    rr.add_argument("--title", default=None)
+    rr.add_argument("--max-episodes", type=int, default=3, help="videos per section")
+    rr.set_defaults(func=_report)
 
     d = sub.add_parser("demo", help="run the main job on the built-in lab")
     d.add_argument("--out", default="runs/demo")

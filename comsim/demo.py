@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from comsim.io.lerobot import LeRobotDataset
-from comsim.report.html import Report
+from comsim.io.video import atomic_output
+from comsim.report.run import build_report
 
 
 @dataclass
@@ -75,8 +76,7 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     lab_dir = out / "lab"
     step("lab record", lambda: _lab(lab_dir, p))
     paired_dir = out / "paired"
-    twin_summary = step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"),
-                        needs=["lab record"])
+    step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"), needs=["lab record"])
     model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p),
                      needs=["twin calibrate + replay"])
     sim_dir = out / "sim"
@@ -84,12 +84,12 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     pseudo_dir = out / "pseudo_real"
     step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir), needs=["translator training", "factory generate"])
     heldout_dir = out / "heldout_pseudo_real"
-    metrics = step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json"),
-                   needs=["translator training"])
-    policy = step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir),
-                  needs=["lab record"])
-    report = _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings,
-                     failures)
+    step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json"),
+         needs=["translator training"])
+    step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir), needs=["lab record"])
+    with atomic_output(out / "stages.json") as tmp:  # the report builder reads what ran, failed, took how long
+        tmp.write_text(json.dumps({"profile": profile, "timings": timings, "failures": failures}, indent=1) + "\n")
+    report = build_report(out, title="ComSim demo: the lab, end to end")
     _log(f"report: {report.resolve()}")
     if failures:
         raise RuntimeError(f"demo finished with failed stages (see the report {report.resolve()}): "
@@ -198,53 +198,3 @@ def _policy(p: DemoProfile, out: Path, lab_dir: Path, sim_dir: Path, pseudo_dir:
         return None
     return run_experiment(p.policy_experiment, out / "policy",
                           datasets={"real": lab_dir, "sim": sim_dir, "pseudo_real": pseudo_dir})
-
-
-# -- report ---------------------------------------------------------------------------------
-def _report(out, lab_dir, paired_dir, pseudo_dir, heldout_dir, twin_summary, metrics, policy, timings,
-            failures) -> Path:
-    rep = Report(out / "report", title="ComSim demo: the lab, end to end")
-    rep.text("Everything here was produced by `make demo` on the built-in lab (the reality stand-in).")
-    if failures:
-        rep.heading("Stages that did not complete")
-        rep.table([{"stage": k, "reason": v} for k, v in failures.items()])
-    heldout = LeRobotDataset(heldout_dir / "pseudo") if _done(heldout_dir / "pseudo") else None
-    if heldout is not None:
-        rep.heading("Held-out episodes: twin render | pseudo-real | lab (real)")
-        sims, reals = LeRobotDataset(heldout_dir / "sim_only"), LeRobotDataset(heldout_dir / "real")
-        cam = heldout.camera_keys[0]
-        for i in range(min(3, len(heldout))):
-            rep.video_row([("twin render", sims.read_episode(i).frames[cam]),
-                           ("pseudo-real", heldout.read_episode(i).frames[cam]),
-                           ("lab", reals.read_episode(i).frames[cam])], fps=heldout.fps)
-    if metrics:
-        rep.heading("Video metrics (held-out episodes, against the lab frames)")
-        rows = []
-        for name, m in metrics.items():
-            vals = m.get("metrics", m)
-            rows.append({"video": name, **{k: vals.get(k) for k in ("psnr", "ssim", "fid") if k in vals}})
-        rep.table(rows)
-    if _done(pseudo_dir):
-        ds = LeRobotDataset(pseudo_dir)
-        cam = [c for c in ds.camera_keys if not c.endswith("_sim")][0]
-        rep.heading("Factory episodes: sim | pseudo-real")
-        for i in range(min(3, len(ds))):
-            ep = ds.read_episode(i)
-            rep.video_row([("sim", ep.frames[f"{cam}_sim"]), ("pseudo-real", ep.frames[cam])], fps=ds.fps,
-                          caption=f"episode {i}: success={ep.success}")
-    lab = LeRobotDataset(lab_dir) if _done(lab_dir) else None
-    if lab is not None:
-        rep.heading("Lab teleoperation (the real stand-in)")
-    for i in range(min(3, len(lab)) if lab is not None else 0):
-        ep = lab.read_episode(i)
-        rep.video_row([(f"lab episode {i}", ep.frames[lab.camera_keys[0]])], fps=lab.fps,
-                      caption=f"{ep.task} success={ep.success}")
-    if twin_summary:
-        rep.heading("Twin alignment")
-        rep.table([{k: v for k, v in twin_summary.items() if not isinstance(v, (dict, list))}])
-    if policy:
-        rep.heading("Policy experiment")
-        rep.table(policy.get("rows", []) if isinstance(policy, dict) else [])
-    rep.heading("Timings (s)")
-    rep.table([timings])
-    return rep.write()

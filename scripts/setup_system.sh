@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Debian packages for headless MuJoCo rendering (EGL on Mesa's llvmpipe, OSMesa fallback)
-# and ffmpeg libs; installs only what is missing, so a second run is instant.
+# Debian packages for headless MuJoCo rendering (EGL on Mesa's llvmpipe, OSMesa fallback),
+# ffmpeg libs, and headless Chromium (+ a font) for the report's browser test;
+# installs only what is missing, so a second run is instant.
 set -euo pipefail
-pkgs=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0 libosmesa6 libglib2.0-0)
+pkgs=(libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0 libosmesa6 libglib2.0-0 chromium fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,3 +1,2 @@
-from comsim.report.html import Report
-
-__all__ = ["Report"]
+from comsim.report.html import Report, bar_chart_svg
+from comsim.report.run import build_report

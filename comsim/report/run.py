@@ -1,0 +1,258 @@
+"""The report of a run folder: ``comsim report RUN_DIR`` and the end of ``comsim demo``.
+
+Builds ``RUN_DIR/report.html`` (clips under ``RUN_DIR/report_media/``) from whatever the
+folder holds, in the layout ``comsim demo`` writes::
+
+    lab/                      lab (real stand-in) LeRobot dataset
+    paired/                   twin replay: real + twin-render videos per episode
+    twin/summary.json         twin alignment summary
+    translator/final/         trained translator
+    sim/                      factory episodes (sim)
+    pseudo_real/              factory episodes converted: <cam> pseudo-real, <cam>_sim
+    heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
+    metrics.json              {comparison: evaluate_video report} (or one report)
+    policy/results.json       policy experiment (or results.json at the top, as eval_policy writes)
+    stages.json               {"timings": {stage: s}, "failures": {stage: reason}} (demo)
+
+Whatever is missing is shown as "not run"; a dataset that cannot be read is shown with
+its error. The page opens from disk (relative links, no server).
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from comsim.report.html import Report, bar_chart_svg
+
+PAGE, MEDIA = "report.html", "report_media"
+
+# (stage name as the demo logs it, output path under RUN_DIR, kind of output)
+STAGES = [
+    ("lab record", "lab", "dataset"),
+    ("twin calibrate + replay", "paired", "dataset"),
+    ("translator training", "translator/final/translator.json", "file"),
+    ("factory generate", "sim", "dataset"),
+    ("convert", "pseudo_real", "dataset"),
+    ("video metrics", "metrics.json", "file"),
+    ("policy experiment", "policy/results.json", "file"),
+]
+
+
+def build_report(run_dir: str | Path, title: str | None = None, max_episodes: int = 3) -> Path:
+    """Write ``run_dir/report.html`` and return its path; raises FileNotFoundError if no run_dir."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: run folder not found (give the --out folder of `comsim demo`, or an "
+                                "experiment's output folder)")
+    stages = _read_json(run / "stages.json") or {}
+    timings, failures = stages.get("timings", {}) or {}, stages.get("failures", {}) or {}
+    rep = Report(run, title=title or f"ComSim report: {run.resolve().name}", page=PAGE, media=MEDIA)
+    rep.text(f"Run folder {run.resolve()}; report built {time.strftime('%Y-%m-%d %H:%M:%S')}. "
+             "Built by `comsim report`; parts the run did not produce are marked 'not run'.")
+
+    rep.heading("Stages")
+    rep.table(_stage_rows(run, timings, failures), cls="stages")
+    problems = [{"stage": k, "reason": v} for k, v in failures.items()]
+    if problems:
+        rep.heading("Failed or skipped stages")
+        rep.table(problems, cls="failures")
+
+    rep.heading("Videos: sim | pseudo-real | real")
+    if not _section(rep, _videos, run, max_episodes):
+        rep.text("not run: no held-out, factory, paired or lab episodes in this run folder.")
+
+    rep.heading("Video metrics")
+    _section(rep, _metrics, run)
+
+    rep.heading("Policy experiment")
+    _section(rep, _policy, run)
+
+    twin = _read_json(run / "twin" / "summary.json")
+    rep.heading("Twin alignment")
+    flat = {k: v for k, v in (twin or {}).items() if not isinstance(v, (dict, list))}
+    if flat:
+        rep.table([flat])
+    else:
+        rep.text("not run")
+
+    if timings:
+        rep.heading("Timings (s)")
+        rep.table([timings])
+    return rep.write()
+
+
+def _section(rep: Report, fn, *args):
+    # One unreadable input must not cost the whole report: say what broke and go on.
+    try:
+        return fn(rep, *args)
+    except (ValueError, OSError, KeyError, TypeError) as e:
+        rep.text(f"error while reading this part: {type(e).__name__}: {e}")
+        return 1
+
+
+# -- stages -------------------------------------------------------------------------------------
+def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
+    rows = []
+    for name, rel, kind in STAGES:
+        path = run / rel
+        if name in failures:
+            status = failures[name] if failures[name].startswith("skipped") else f"failed: {failures[name]}"
+        elif kind == "dataset" and (path / "meta" / "info.json").is_file():
+            n = _dataset_len(path)
+            status = f"done ({n} episodes)" if isinstance(n, int) else f"error: {n}"
+        elif kind == "file" and path.is_file():
+            status = "done"
+        elif name == "policy experiment" and (run / "results.json").is_file():
+            status, rel = "done", "results.json"
+        else:
+            status = "not run"
+        rows.append({"stage": name, "output": rel, "status": status, "time (s)": timings.get(name, "-")})
+    return rows
+
+
+def _dataset_len(path: Path):
+    from comsim.io.lerobot import LeRobotDataset
+
+    try:
+        return len(LeRobotDataset(path))
+    except (ValueError, OSError) as e:
+        return str(e)
+
+
+def _open(path: Path):
+    """The dataset at ``path``, or None when absent / unreadable (the stage table says which)."""
+    if not (path / "meta" / "info.json").is_file():
+        return None
+    from comsim.io.lerobot import LeRobotDataset
+
+    try:
+        return LeRobotDataset(path)
+    except (ValueError, OSError):
+        return None
+
+
+def _main_camera(ds) -> str | None:
+    cams = [c for c in ds.camera_keys if not c.endswith(("_sim", "_sim_seg", "_sim_depth"))]
+    return cams[0] if cams else (ds.camera_keys[0] if ds.camera_keys else None)
+
+
+def _frames(ds, i: int, cam: str | None):
+    if ds is None or cam is None or cam not in ds.camera_keys or i >= len(ds):
+        return None
+    return ds.read_episode(i, cameras=[cam]).frames[cam]
+
+
+# -- videos -------------------------------------------------------------------------------------
+def _videos(rep: Report, run: Path, k: int) -> int:
+    rows = 0
+    held = run / "heldout_pseudo_real"
+    pseudo, sim, real = _open(held / "pseudo"), _open(held / "sim_only"), _open(held / "real")
+    if pseudo is not None or real is not None:
+        ref = pseudo or real
+        cam = _main_camera(ref)
+        rep.text("Held-out paired episodes (the translator never trained on them): twin render | "
+                 "translated | lab frames of the same episode.")
+        for i in range(min(k, len(ref))):
+            rep.video_row([("sim (twin render)", _frames(sim, i, cam)), ("pseudo-real", _frames(pseudo, i, cam)),
+                           ("real (lab)", _frames(real, i, cam))], fps=ref.fps, caption=f"held-out episode {i}")
+            rows += 1
+    conv = _open(run / "pseudo_real")
+    if conv is not None:
+        cam = _main_camera(conv)
+        rep.text("Factory episodes translated by `comsim convert` (no real counterpart exists).")
+        for i in range(min(k, len(conv))):
+            ep = conv.read_episode(i)
+            rep.video_row([("sim", ep.frames.get(f"{cam}_sim")), ("pseudo-real", ep.frames.get(cam)),
+                           ("real", None)], fps=conv.fps, caption=f"factory episode {i}: success={ep.success}")
+            rows += 1
+    elif rows == 0:
+        paired, factory = _open(run / "paired"), _open(run / "sim")
+        if paired is not None:
+            cam = _main_camera(paired)
+            rep.text("Twin replay of the lab episodes (no translator output in this run).")
+            for i in range(min(k, len(paired))):
+                ep = paired.read_episode(i)
+                rep.video_row([("sim (twin render)", ep.frames.get(f"{cam}_sim")), ("pseudo-real", None),
+                               ("real (lab)", ep.frames.get(cam))], fps=paired.fps, caption=f"paired episode {i}")
+                rows += 1
+        elif factory is not None:
+            cam = _main_camera(factory)
+            rep.text("Factory episodes (no translator output in this run).")
+            for i in range(min(k, len(factory))):
+                rep.video_row([("sim", _frames(factory, i, cam)), ("pseudo-real", None), ("real", None)],
+                              fps=factory.fps, caption=f"factory episode {i}")
+                rows += 1
+    lab = _open(run / "lab")
+    if lab is not None and rows == 0:
+        cam = _main_camera(lab)
+        rep.text("Lab teleoperation (the real stand-in).")
+        for i in range(min(k, len(lab))):
+            rep.video_row([("sim", None), ("pseudo-real", None), ("real (lab)", _frames(lab, i, cam))],
+                          fps=lab.fps, caption=f"lab episode {i}")
+            rows += 1
+    return rows
+
+
+# -- metrics ------------------------------------------------------------------------------------
+def _metrics(rep: Report, run: Path) -> None:
+    doc = _read_json(run / "metrics.json")
+    if not isinstance(doc, dict) or not doc:
+        rep.text("not run")
+        return
+    reports = {"pred vs ref": doc} if "metrics" in doc and "pred" in doc else doc
+    rows, values = [], {}
+    for name, r in reports.items():
+        if not isinstance(r, dict):
+            continue
+        m = r.get("metrics", r)
+        scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        rows.append({"comparison": name, "episodes": r.get("episodes", "-"), **scalars})
+        for k, v in scalars.items():
+            if not k.endswith("_samples"):
+                values.setdefault(k, {})[name] = float(v)
+        for k, why in (r.get("unavailable") or {}).items():
+            rows[-1].setdefault(k, f"n/a: {why}")
+    rep.table(rows, caption="against the lab (real) frames; PSNR, SSIM higher is better; FID, LPIPS, FVD lower")
+    charts = [bar_chart_svg({k: v}, title=k.upper(), vmax=1.0 if k == "ssim" else None)
+              for k, v in values.items() if any(math.isfinite(x) for x in v.values())]
+    if charts:
+        rep.raw("<div class='row'>" + "".join(charts) + "</div>")
+
+
+# -- policy -------------------------------------------------------------------------------------
+def _policy(rep: Report, run: Path) -> None:
+    doc = _read_json(run / "policy" / "results.json") or _read_json(run / "results.json")
+    if not isinstance(doc, dict) or "arms" not in doc:
+        rep.text("not run")
+        return
+    arms = doc.get("arms") or []
+    panels = list(((doc.get("config") or {}).get("eval") or {}).get("panels") or
+                  dict.fromkeys(p for a in arms for p in (a.get("panels") or {})))
+    rows = doc.get("rows") or [{"arm": a.get("label") or a.get("name"), "status": a.get("status")} for a in arms]
+    rep.table(rows, caption=f"{doc.get('experiment', '')}: success rate with 95% Wilson interval "
+              "(successes/trials), per evaluation panel (id: in distribution, ood: out of distribution)")
+    claim = doc.get("claim")
+    if claim:
+        verdict = {True: "holds", False: "does not hold", None: "undecided"}.get(claim.get("holds"), "?")
+        rep.text(f"Claim: {claim.get('arm')} beats {', '.join(claim.get('beats', []))} on "
+                 f"{', '.join(claim.get('panels', []))} ({claim.get('rule', '')}): {verdict}.")
+    groups, whiskers = {}, {}
+    for p in panels:
+        for a in arms:
+            label = a.get("label") or a.get("name")
+            res = (a.get("panels") or {}).get(p) if a.get("status") == "done" else None
+            groups.setdefault(p, {})[label] = res["success_rate"] if res else None
+            if res and res.get("ci95"):
+                whiskers.setdefault(p, {})[label] = tuple(res["ci95"])
+    if any(v is not None for g in groups.values() for v in g.values()):
+        rep.raw("<div class='row'>" + bar_chart_svg(groups, title="Policy success rate", unit="95% interval",
+                                                     intervals=whiskers, vmax=1.0, percent=True) + "</div>")
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
