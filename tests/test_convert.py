@@ -49,10 +49,8 @@ success:
 def save_micro_translator(path: Path, action_dim: int = 8, camera: str = "front", seed: int = 0) -> Path:
     """A randomly initialized pixel-space translator: dim 32, depth 2, 4 frames of 64x64, patch 8.
 
-    64 px wide, not 16 or 32: comsim.io.video.write_video does not give byte-identical H.264
-    for frames whose rows are not a multiple of 64 bytes (seen here: 3-7 different encodings of
-    the same 16/32/48 px frames in 120 tries; the RGB->YUV conversion inside PyAV seems to leave
-    row padding uninitialised and x264 reads it). Reported; that is the io stage's to fix.
+    (16-48 px frames used to encode to different bytes now and then, from x264's lookahead;
+    comsim.io.video now turns it off and tests/test_io.py checks those widths.)
     """
     torch.manual_seed(seed)
     cfg = from_dict(TranslatorConfig, {"model": {"dim": 32, "depth": 2, "heads": 2, "patch_size": [1, 8, 8]},

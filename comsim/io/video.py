@@ -79,7 +79,11 @@ def write_video(path: str | Path, frames: np.ndarray, fps: float, crf: int = DEF
             stream.codec_context.thread_count = 1  # multi-threaded x264 is not bit-reproducible
             stream.options = {
                 "crf": str(crf), "preset": "medium",
-                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0",
+                # No lookahead / macroblock tree: on tiny frames (seen at 16-48 px) x264's
+                # lowres lookahead reads memory it never wrote, so the same frames encoded to
+                # different bytes now and then (about 1 in 300), which broke byte-identical
+                # resume of tiny conversions. With no B-frames and no VBV it buys little here.
+                "x264-params": f"keyint={gop}:min-keyint={gop}:scenecut=0:bframes=0:rc-lookahead=0:no-mbtree=1",
             }
             for i, f in enumerate(frames):
                 frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")
