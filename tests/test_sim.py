@@ -355,3 +355,27 @@ def test_push_slides_the_cube_along_the_table():
     assert 0.10 < moved < 0.13, moved
     assert max_z < 0.03, max_z  # slid, did not fly or climb
     assert abs(end[2] - 0.025) < 3e-3
+
+
+_RENDER_THEN_IMPORT_TRANSLATOR = """
+import sys
+from comsim.sim import Scene, SceneRenderer, load_scene_spec
+scene = Scene(load_scene_spec(sys.argv[1]))
+with SceneRenderer(scene, "front") as r:
+    before = r.rgb().mean()
+    import comsim.translator.pipeline  # noqa: F401  (diffusers, torch and, where installed, triton)
+    import comsim.translator.training  # noqa: F401
+    after = r.rgb().mean()
+print(before == after)
+"""
+
+
+def test_translator_can_be_imported_after_mujoco_has_rendered():
+    # The demo renders the lab, then trains the translator in the same process: Triton's LLVM
+    # loaded after Mesa's GL context used to kill the process with a segfault.
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", _RENDER_THEN_IMPORT_TRANSLATOR, str(CELL)], capture_output=True,
+                       text=True, timeout=300, env={**os.environ, "MUJOCO_GL": "egl"})
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}"
+    assert r.stdout.strip().endswith("True")

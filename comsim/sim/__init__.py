@@ -14,6 +14,20 @@ import os
 if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
+
+def _load_triton_before_gl() -> None:
+    # Triton's own LLVM (libtriton.so) and Mesa's (llvmpipe, the EGL renderer here) clash:
+    # loading libtriton AFTER MuJoCo has created a GL context segfaults, and diffusers/torch
+    # load it lazily (so `render, then import the translator` crashed). Loaded first, both
+    # work. Costs ~0.2 s, only where triton is installed (torch's CUDA wheels bring it).
+    try:
+        import triton._C.libtriton  # noqa: F401
+    except Exception:  # not installed, or a build without _C: nothing to clash with
+        pass
+
+
+_load_triton_before_gl()
+
 from comsim.sim.camera import look_at, opencv_to_mujoco, project_points, scale_K  # noqa: E402
 from comsim.sim.ik import IKResult, solve_ik, top_down_quat  # noqa: E402
 from comsim.sim.render import SceneRenderer  # noqa: E402
