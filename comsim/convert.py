@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
-from comsim.io.video import atomic_output
+from comsim.io.files import write_json
 
 HEADER_FILE = "conversion.json"
 RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "seed")
@@ -179,7 +179,7 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     if (output / "meta" / "info.json").is_file():  # closed before: nothing to do
         return _report(output, header, 0, 0, None)
     if is_main:
-        _write_json(header, output / HEADER_FILE)
+        write_json(header, output / HEADER_FILE)
     if state is not None:
         state.wait_for_everyone()  # the header is checked before anyone writes
     todo = [i for i in range(len(ds)) if i not in writer.finished_episodes]
@@ -237,11 +237,6 @@ def _check_resumable(output: Path, header: dict) -> None:
         raise ConversionError(f"{output}: holds a conversion made with {({k: old.get(k) for k in diff})}, now "
                               f"asked for {({k: header[k] for k in diff})}; resume with the same model, input, "
                               "guidance and seed, or use a new folder")
-
-
-def _write_json(obj, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def _report(output, header, converted, frames, elapsed, closed=True, waiting_for=0) -> dict:

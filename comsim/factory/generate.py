@@ -27,7 +27,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset
-from comsim.io.video import atomic_output
+from comsim.io.files import write_json
 from comsim.sim.spec import spec_hash
 
 HEADER_FILE = "generation.json"
@@ -144,7 +144,7 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if beyond:
         raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
                          f"rerun with --episodes {max(beyond) + 1} or use a new folder")
-    _write_json(header, out / HEADER_FILE)
+    write_json(header, out / HEADER_FILE)
 
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     jobs = [(task_path, str(out), program.fps, i, seed, split, only_success, header["max_attempts"], controls)
@@ -171,11 +171,6 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     elapsed = time.perf_counter() - t0
     writer.close()
     return write_report(out, header, workers, elapsed=elapsed, generated=len(jobs))
-
-
-def _write_json(obj, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2) + "\n")
 
 
 def _check_resumable(out: Path, header: dict) -> None:
@@ -220,5 +215,5 @@ def write_report(out: Path, header: dict, workers: int, elapsed: float | None, g
         "elapsed_s": None if elapsed is None else round(elapsed, 2),
         "episodes_per_minute": None if not elapsed or not generated else round(60 * generated / elapsed, 2),
     }
-    _write_json(report, out / REPORT_FILE)
+    write_json(report, out / REPORT_FILE)
     return report

@@ -39,7 +39,8 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
-from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, atomic_output, concat_videos, read_video,
+from comsim.io.files import atomic_output, write_json
+from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, concat_videos, read_video,
                              video_info, write_video)
 
 CODEBASE_VERSION = "v3.0"
@@ -169,11 +170,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _write_json(obj, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=4) + "\n")
 
 
 def _write_parquet(table: pa.Table, path: Path) -> None:
@@ -400,8 +396,8 @@ class DatasetWriter:
         all_features = {**features, **DEFAULT_FEATURES}
         stats_json = {k: s.to_json((3, 1, 1) if k in video_keys else tuple(all_features[k]["shape"]))
                       for k, s in stats.items()}
-        _write_json(stats_json, meta / "stats.json")
-        _write_json(self._info(features, video_keys, len(indices), index, len(tasks)), meta / "info.json")
+        write_json(stats_json, meta / "stats.json", indent=4)
+        write_json(self._info(features, video_keys, len(indices), index, len(tasks)), meta / "info.json", indent=4)
         shutil.rmtree(self.staging)
         self._closed = True
 

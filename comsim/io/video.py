@@ -17,38 +17,17 @@ in a browser.
 """
 from __future__ import annotations
 
-import contextlib
-import os
-import uuid
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
 
+from comsim.io.files import atomic_output  # noqa: F401  (re-exported: older imports)
+
 DEFAULT_CRF = 18  # visually lossless; lower crf barely helps (chroma subsampling dominates)
 DEFAULT_GOP = 10  # keyframe every 10 frames: a window read decodes at most 9 extra frames
 PIX_FMTS = ("yuv420p", "yuv444p")
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | Path):
-    """Yield a temporary path next to ``path``; on success fsync it and rename it over ``path``.
-
-    A crash leaves either the old file or the new one, never a partial file (the
-    temporary is a dot-file that readers ignore)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # No .parquet/.mp4 suffix: a leftover from a killed process must not match a reader's glob.
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def _fps_fraction(fps: float) -> Fraction:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comsim.io.video import atomic_output
+from comsim.io.files import atomic_output, write_json  # noqa: F401  (write_json: lab.record uses it)
 from comsim.lab.cell import LabCell
 from comsim.lab.effects import distortion_coeffs
 from comsim.sim.camera import as_K, as_rigid
@@ -32,19 +32,6 @@ INTRINSICS_FILE = "camera_intrinsics.json"
 TRUTH_FILE = "lab_truth.json"
 TRUTH_DIR = "lab_truth"
 TRUTH_FORMAT = "comsim.lab_truth/1"
-
-
-def write_json(obj, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-
-
-def _jsonable(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, (np.floating, np.integer, np.bool_)):
-        return x.item()
-    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
 
 
 # ---------------------------------------------------------------- public: intrinsics

@@ -21,25 +21,12 @@ from diffusers.optimization import get_scheduler
 from safetensors.torch import load_file, save_file
 
 from comsim.config import to_dict
-from comsim.io.video import atomic_output
+from comsim.io.files import write_json
 from comsim.policy.config import PolicyRunConfig
 from comsim.policy.data import MixtureDataset
 from comsim.policy.model import WEIGHTS_NAME, DiffusionPolicy
 
 LOG_NAME = "train_log.json"
-
-
-def write_json(obj, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
-
-
-def _jsonable(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    return str(x)
 
 
 def step_generators(seed: int, step: int) -> tuple[np.random.Generator, torch.Generator]:

@@ -1,0 +1,52 @@
+"""Crash-safe file output: every file ComSim writes goes through ``atomic_output``.
+
+A killed job leaves either the old file or the new one, never half of one, which is what
+lets long jobs resume by looking at what is on disk.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path):
+    """Yield a temporary path next to ``path``; on success fsync it and rename it over ``path``.
+
+    A crash leaves either the old file or the new one, never a partial file (the
+    temporary is a dot-file that readers ignore)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # No .parquet/.mp4 suffix: a leftover from a killed process must not match a reader's glob.
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_json(obj, path: str | Path, indent: int = 2) -> Path:
+    """``obj`` as JSON at ``path``, atomically; numpy arrays/scalars and paths are converted."""
+    path = Path(path)
+    with atomic_output(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=indent, default=_jsonable) + "\n")
+    return path
+
+
+def _jsonable(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, Path):
+        return str(x)
+    raise TypeError(f"not JSON-serialisable: {type(x).__name__}")
