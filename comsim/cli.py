@@ -15,7 +15,7 @@ def _lab_record(a):
     from comsim.lab.record import record_dataset
 
     out = record_dataset(task=a.task, episodes=a.episodes, out=Path(a.out), seed=a.seed,
-                         cell=a.cell, fps=a.fps, resume=not a.no_resume)
+                         cell=a.cell, fps=a.fps, resume=not a.no_resume, calibration_stills=a.calibration_stills)
     print(out)
 
 
@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--cell", default=None, help="lab cell YAML (default: the built-in lab)")
     r.add_argument("--fps", type=int, default=None, help="frames/s (default: the cell's, 10)")
     r.add_argument("--no-resume", action="store_true", help="refuse to continue an interrupted recording")
+    r.add_argument("--calibration-stills", type=int, default=12,
+                   help="full-resolution calibration stills (+ a robot-free one) into OUT/calibration; 0: none")
     r.set_defaults(func=_lab_record)
 
     twin = sub.add_parser("twin", help="digital twin: calibrate and replay").add_subparsers(

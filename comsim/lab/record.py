@@ -23,11 +23,13 @@ from comsim.episode import Episode, Provenance
 from comsim.io.lerobot import DatasetWriter
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
+from comsim.lab.stills import CALIBRATION_DIR, DONE_FILE as STILLS_DONE, record_calibration_stills
 from comsim.lab.tasks import make_task
 from comsim.lab.teleop import ScriptedTeleoperator
 from comsim.lab.truth import (INTRINSICS_FILE, TRUTH_FILE, camera_intrinsics, episode_summary,
                               read_episode_truth, truth_header, write_episode_truth, write_json)
 
+STILLS = 12  # calibration stills per recording (plus the robot-free one)
 RESUME_KEYS = ("task", "seed", "fps", "cell_hash")  # must match to continue a recording
 
 
@@ -76,12 +78,14 @@ def record_episode(env: LabEnv, seed: int) -> tuple[Episode, dict[str, np.ndarra
 
 def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
                    cell: LabCell | str | Path | None = None, fps: int | None = None,
-                   resume: bool = True) -> Path:
+                   resume: bool = True, calibration_stills: int = STILLS) -> Path:
     """Record ``episodes`` scripted demonstrations of ``task`` into the LeRobotDataset ``out``.
 
     ``cell``: a LabCell or a lab cell YAML (default: configs/lab/default.yaml); ``fps``:
     default the cell's. With ``resume`` (default), an interrupted recording in ``out`` is
-    continued; without it ``out`` must be empty. Returns ``out``.
+    continued; without it ``out`` must be empty. ``calibration_stills``: full-resolution
+    stills (+ a robot-free one) written first into ``out/calibration`` (``lab/stills.py``);
+    0 for none. Returns ``out``.
     """
     cell = cell if isinstance(cell, LabCell) else load_lab_cell(cell)
     task_obj = make_task(task, cell)  # unknown task: fails before anything touches the disk
@@ -108,8 +112,11 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     write_json(camera_intrinsics(cell), out / INTRINSICS_FILE)
     write_json(header, out / TRUTH_FILE)
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
-    if todo:
+    stills = out / CALIBRATION_DIR
+    if todo or (calibration_stills and not (stills / STILLS_DONE).is_file()):
         with LabEnv(cell, task, fps) as env:
+            if calibration_stills:
+                record_calibration_stills(env, stills, n=calibration_stills, seed=seed)
             for i in tqdm(todo, desc=f"lab {task}", unit="episode"):
                 ep, truth = record_episode(env, episode_seed(seed, i))
                 write_episode_truth(out, i, truth)  # first: a staged episode always has its truth

@@ -2,7 +2,11 @@
 
     alignment = align_dataset(dataset_root, twin_spec)     # calibration + objects + colours
 
-1. Camera: frames sampled across episodes are undistorted with the published intrinsics
+1. Camera: when the dataset has calibration stills (``ROOT/calibration/``: full-resolution
+   stills of the arm in several poses + a robot-free still, as ``comsim lab record`` writes
+   them), from those (``calibrate_stills``: masks from the difference to the robot-free
+   still). Otherwise (the fallback) from the episodes themselves: frames sampled across
+   episodes are undistorted with the published intrinsics
    (``camera_intrinsics.json``, if any), robot masks are derived (``masks.py``) and the
    camera is calibrated (``calibrate.py``), alternating a few rounds: the first starts
    from the twin spec's nominal camera with a wide uncertainty and a global search; later
@@ -30,6 +34,7 @@ from comsim.twin.frames import CalibrationDataError, CalibrationFrames, undistor
 from comsim.twin.masks import derive_masks
 from comsim.twin.silhouette import RobotSilhouette
 
+STILLS_DIR = "calibration"  # calibration stills next to the dataset (written by `comsim lab record`)
 INTRINSICS_FILE = "camera_intrinsics.json"  # public: written by `comsim lab record`, or by a user
 # (margin px of the uncertainty band, coarse search?) per round, at 128 px wide; scaled with width
 ROUNDS = ((16, True), (5, False), (2, False), (2, False))
@@ -123,6 +128,28 @@ def calibrate_dataset(root, spec: SceneSpec, camera: str | None = None, n_calib:
                 f"({time.perf_counter() - t0:.0f}s)")
     res.update({"camera": cam, "rounds": rounds, "mask_source": "background model + self-trained colour cues",
                 "seconds": round(time.perf_counter() - t0, 1), "masks": m, "frames": fr})
+    return res
+
+
+def stills_folder(root) -> Path | None:
+    """``ROOT/calibration`` when it holds calibration stills (color/ + qpos/ + mask/ or background)."""
+    d = Path(root) / STILLS_DIR
+    if (d / "color").is_dir() and (d / "qpos").is_dir() and ((d / "mask").is_dir() or any(
+            (d / f"background{e}").is_file() for e in (".png", ".jpg", ".jpeg"))):
+        return d
+    return None
+
+
+def calibrate_stills(folder, spec: SceneSpec, cam: str, seed: int = 0, log=print) -> dict:
+    """Camera calibration from a calibration-stills folder (any resolution with the video's
+    aspect ratio), starting from the twin spec's nominal camera."""
+    from comsim.twin.calibrate import calibrate_folder
+    t0 = time.perf_counter()
+    res = calibrate_folder(folder, robot=spec, init_T=np.asarray(_spec_camera(spec, cam).T_cam_from_base, np.float64),
+                           seed=seed, log=log)
+    res.setdefault("rounds", [])
+    res.setdefault("mask_source", "given masks")
+    res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
 
 

@@ -213,17 +213,71 @@ def viewpoint_search(scorer: SilhouetteScorer, frames, size, target=(0.3, 0.0, 0
 # ----------------------------------------------------------------- folder -> files
 
 
+# (mask uncertainty in px at 128 px wide, coarse search?) per round of mask derivation +
+# calibration for folders with a background still instead of masks; scaled with the width.
+BACKGROUND_ROUNDS = ((16, True), (5, False), (2, False))
+
+
+def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None, seed: int = 0,
+                              fine_visual: str = "full", time_budget_s: float = 540.0, log=print) -> dict:
+    """Calibration for frames without masks but with a robot-free background still.
+
+    Masks are derived from the difference to the background (``masks.derive_masks`` with
+    ``background_image``): the first round from contrast alone (no pose needed), later
+    rounds with colour cues learned from the arm rendered at the current estimate, each
+    round shrinking the pose uncertainty. Returns ``calibrate_camera``'s result (with the
+    derived masks' frames in ``result["frames_used"]``, not JSON).
+    """
+    from comsim.twin.masks import derive_masks
+
+    if fr.background is None:
+        raise CalibrationDataError(f"{fr.folder}: no background still to derive masks from")
+    t0 = time.perf_counter()
+    W, H = fr.size
+    T = init_T if init_T is not None else fr.init_T
+    rounds, res = [], None
+    with RobotSilhouette(robot, fr.K, W, H, visual=fine_visual) as sil:
+        for r, (margin, coarse) in enumerate(BACKGROUND_ROUNDS):
+            margin = max(1, int(round(margin * W / 128)))
+            m = derive_masks(fr.images, fr.joints, fr.fingers, sil, T if T is not None else np.eye(4), margin,
+                             seed=seed, pose_free=coarse or T is None, background_image=fr.background,
+                             area_scale=(W / 128) ** 2)
+            fr_m = CalibrationFrames(names=fr.names, images=fr.images, masks=m["masks"], joints=fr.joints,
+                                     fingers=fr.fingers, K=fr.K, dist=fr.dist, init_T=T, folder=fr.folder,
+                                     valid=m["valid"], background=fr.background)
+            left = max(60.0, time_budget_s - (time.perf_counter() - t0))
+            res = calibrate_camera(fr_m, robot=robot, coarse=coarse or T is None, fine_visual=fine_visual,
+                                   seed=seed, init_T=T, time_budget_s=left, log=log)
+            T = np.asarray(res["T_cam_from_base"])
+            rounds.append({"margin_px": margin, "mean_iou": res["mean_iou"], "outliers": res["outlier_frames"]})
+            log(f"[calibrate] background round {r}: mask uncertainty {margin}px, mean IoU {res['mean_iou']:.3f} "
+                f"({time.perf_counter() - t0:.0f}s)")
+    res.update({"rounds": rounds, "mask_source": "difference to the background still + self-trained colour cues",
+                "seconds": round(time.perf_counter() - t0, 1)})
+    res["frames_used"] = fr_m
+    return res
+
+
 def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540.0, seed: int = 0,
-                     log=print) -> dict:
+                     init_T=None, log=print) -> dict:
     """``comsim twin calibrate``: load, fit, write ``calibration.json`` + overlays into ``out``.
 
     ``robot``: a built-in robot name, a RobotSpec / SceneSpec, or a twin spec YAML (its robot).
+    A folder without ``mask/`` but with ``background.png`` gets derived masks
+    (``calibrate_with_background``). ``init_T``: rough start (default: the folder's
+    ``init_T_cam_from_base.txt``, else a search over viewpoints).
     """
     fr = load_calibration_folder(folder)
     if isinstance(robot, (str, Path)) and str(robot).endswith((".yaml", ".yml")):  # a twin spec: its robot
         from comsim.sim.spec import load_scene_spec
         robot = load_scene_spec(robot)
-    result = calibrate_camera(fr, robot=robot, time_budget_s=time_budget_s, seed=seed, log=log)
+    if fr.background is not None:
+        visual = robot.robot.visual if hasattr(robot, "robot") else "full"
+        result = calibrate_with_background(fr, robot=robot, init_T=init_T, seed=seed, fine_visual=visual,
+                                           time_budget_s=time_budget_s, log=log)
+        fr = result.pop("frames_used")
+    else:
+        result = calibrate_camera(fr, robot=robot, time_budget_s=time_budget_s, seed=seed, init_T=init_T, log=log)
     result["folder"] = str(Path(folder))
     if out is not None:
         out = Path(out)

@@ -3,7 +3,9 @@
 Layout (as ../shared/real/franka_easyhec):
 
     color/NNNNNN.png          RGB frames, all the same size
-    mask/NNNNNN.png           robot masks (> 127 = robot), same size as the frames
+    mask/NNNNNN.png           robot masks (> 127 = robot), same size as the frames; or instead
+    background.png            a robot-free frame of the same camera (the arm parked out of
+                              view): masks are then derived (``calibrate.calibrate_folder``)
     qpos/NNNNNN.txt           7 arm joint angles (rad), optionally + 2 finger positions (m)
     K.txt                     3x3 intrinsics at the frames' size (or camera_intrinsics.json)
     dist.txt                  optional OpenCV distortion (k1 k2 p1 p2 [k3 ...])
@@ -46,6 +48,7 @@ class CalibrationFrames:
     init_T: np.ndarray | None = None
     folder: Path | None = None
     valid: np.ndarray | None = None  # (H, W) or (N, H, W): where the masks are known (None: everywhere)
+    background: np.ndarray | None = None  # uint8 (H, W, 3) robot-free frame, undistorted (folders without masks)
 
     @property
     def size(self) -> tuple[int, int]:
@@ -128,9 +131,12 @@ def undistort(img: np.ndarray, maps) -> np.ndarray:
 def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
     folder = Path(folder)
     color_dir, mask_dir, qpos_dir = folder / "color", folder / "mask", folder / "qpos"
-    for d in (color_dir, mask_dir, qpos_dir):
+    bg_path = next((folder / ("background" + e) for e in IMAGE_EXTS if (folder / ("background" + e)).is_file()),
+                   None)
+    with_masks = mask_dir.is_dir() or bg_path is None
+    for d in (color_dir, mask_dir, qpos_dir) if with_masks else (color_dir, qpos_dir):
         if not d.is_dir():
-            raise CalibrationDataError(f"{d}: folder not found (expected color/, mask/, qpos/)")
+            raise CalibrationDataError(f"{d}: folder not found (expected color/, mask/ (or background.png), qpos/)")
     colors = sorted(p for p in color_dir.iterdir() if p.suffix.lower() in IMAGE_EXTS)
     if not colors:
         raise CalibrationDataError(f"{color_dir}: no images")
@@ -140,13 +146,17 @@ def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
         if images and img.shape != images[0].shape:
             raise CalibrationDataError(f"{p}: {img.shape[1]}x{img.shape[0]}, but {colors[0]} is "
                                        f"{images[0].shape[1]}x{images[0].shape[0]}")
-        mpath = next((mask_dir / (p.stem + e) for e in IMAGE_EXTS if (mask_dir / (p.stem + e)).is_file()), None)
-        if mpath is None:
-            raise CalibrationDataError(f"{mask_dir / (p.stem + '.png')}: mask for {p.name} not found")
-        m = read_image(mpath, gray=True)
-        if m.shape != img.shape[:2]:
-            raise CalibrationDataError(f"{mpath}: mask is {m.shape[1]}x{m.shape[0]}, its frame {p} is "
-                                       f"{img.shape[1]}x{img.shape[0]}")
+        if with_masks:
+            mpath = next((mask_dir / (p.stem + e) for e in IMAGE_EXTS if (mask_dir / (p.stem + e)).is_file()),
+                         None)
+            if mpath is None:
+                raise CalibrationDataError(f"{mask_dir / (p.stem + '.png')}: mask for {p.name} not found")
+            m = read_image(mpath, gray=True)
+            if m.shape != img.shape[:2]:
+                raise CalibrationDataError(f"{mpath}: mask is {m.shape[1]}x{m.shape[0]}, its frame {p} is "
+                                           f"{img.shape[1]}x{img.shape[0]}")
+        else:
+            m = np.zeros(img.shape[:2], np.uint8)  # placeholder: derived later from the background
         qpath = qpos_dir / (p.stem + ".txt")
         if not qpath.is_file():
             raise CalibrationDataError(f"{qpath}: joint angles for {p.name} not found")
@@ -158,10 +168,17 @@ def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
         fingers.append(f)
     H, W = images[0].shape[:2]
     K, dist = _intrinsics(folder, W, H)
+    background = None
+    if not with_masks:
+        background = read_image(bg_path)
+        if background.shape != images[0].shape:
+            raise CalibrationDataError(f"{bg_path}: {background.shape[1]}x{background.shape[0]}, the frames are "
+                                       f"{W}x{H}")
     if dist is not None:
         maps = undistort_maps(K, dist, W, H)
         images = [undistort(i, maps) for i in images]
         masks = [undistort(m, maps) for m in masks]
+        background = None if background is None else undistort(background, maps)
     init_T = None
     tpath = folder / "init_T_cam_from_base.txt"
     if tpath.is_file():
@@ -170,4 +187,5 @@ def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
         except ValueError as e:
             raise CalibrationDataError(f"{tpath}: {e}") from None
     return CalibrationFrames(names=names, images=np.stack(images), masks=np.stack(masks), joints=np.stack(joints),
-                             fingers=np.stack(fingers), K=K, dist=dist, init_T=init_T, folder=folder)
+                             fingers=np.stack(fingers), K=K, dist=dist, init_T=init_T, folder=folder,
+                             background=background)

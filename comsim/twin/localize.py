@@ -120,16 +120,18 @@ def expected_area_px(obj: ObjectSpec, K, T, x: float, y: float) -> float:
     return float(cv2.contourArea(cv2.convexHull(uv.astype(np.float32))))
 
 
-def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=None) -> dict:
+def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=None, background=None) -> dict:
     """(x, y, yaw) of ``obj`` resting on the table in the pinhole frame ``img``.
 
     ``rgb``: colour to look for (default: the spec's); ``exclude`` (H, W) bool: pixels to
-    ignore (e.g. the robot). Returns pos (3,), yaw, score, found.
+    ignore (e.g. the robot); ``background``: an object-free image of the same camera (e.g.
+    the calibration's background still), default a local median estimate.
+    Returns pos (3,), yaw, score, found.
     """
     H, W = img.shape[:2]
     centre = _ray_to_plane(K, T, [as_K(K)[2], as_K(K)[3]], obj.half_height)
     size_px = np.sqrt(max(expected_area_px(obj, K, T, centre[0], centre[1]), 1.0))
-    bg = local_background(img, size_px)
+    bg = local_background(img, size_px) if background is None else background
     like = colour_likelihood(img, obj.rgba if rgb is None else rgb, bg)
     if exclude is not None:
         like[exclude] = 0.0
@@ -175,12 +177,13 @@ def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=No
             "score": float(1.0 - r.fun / max(float((target ** 2).sum()), 1e-6))}
 
 
-def localize_objects(img: np.ndarray, objects: list[ObjectSpec], K, T, robot_mask=None, colors=None) -> dict:
+def localize_objects(img: np.ndarray, objects: list[ObjectSpec], K, T, robot_mask=None, colors=None,
+                     background=None) -> dict:
     """{name: localize_object(...)} for every object of the spec."""
     out = {}
     for o in objects:
         rgb = None if colors is None else colors.get(o.name)
-        out[o.name] = localize_object(img, o, K, T, rgb=rgb, exclude=robot_mask)
+        out[o.name] = localize_object(img, o, K, T, rgb=rgb, exclude=robot_mask, background=background)
     return out
 
 

@@ -133,22 +133,27 @@ def _nearest_fill(img: np.ndarray, sources: np.ndarray) -> np.ndarray:
     return table[lab]
 
 
-def matte(frame: np.ndarray, coarse: np.ndarray, band: int = 2, min_contrast: float = 20.0):
+def matte(frame: np.ndarray, coarse: np.ndarray, band: int = 2, min_contrast: float = 20.0,
+          bg: np.ndarray | None = None, inner_px: int = 1):
     """Sub-pixel robot fraction near the boundary of ``coarse`` and a validity map.
 
-    Each boundary pixel is a mix of the nearest confident robot colour F and background
-    colour B: alpha = (I - B).(F - B) / |F - B|^2. Where |F - B| < ``min_contrast`` the
-    mix is unreadable and the pixel is marked invalid.
+    Each boundary pixel is a mix of the nearest confident robot colour F (``inner_px``
+    inside the coarse mask) and background colour B (the nearest pixel outside, or the
+    same pixel of a robot-free still ``bg``): alpha = (I - B).(F - B) / |F - B|^2. Where
+    |F - B| < ``min_contrast`` the mix is unreadable and the pixel is marked invalid.
     """
     I = frame.astype(np.float32)
     C = (coarse > 0.5).astype(np.uint8)
-    k3 = np.ones((3, 3), np.uint8)
-    inner, outer = cv2.erode(C, k3) > 0, ~(cv2.dilate(C, k3) > 0)
+    ki = np.ones((2 * inner_px + 1, 2 * inner_px + 1), np.uint8)
+    inner, outer = cv2.erode(C, ki) > 0, ~(cv2.dilate(C, np.ones((3, 3), np.uint8)) > 0)
+    if not inner.any():
+        inner = cv2.erode(C, np.ones((3, 3), np.uint8)) > 0
     if not inner.any() or not outer.any():
         return C.astype(np.float32), np.ones(C.shape, bool)
     kb = np.ones((2 * band + 1, 2 * band + 1), np.uint8)
     boundary = (cv2.dilate(C, kb) > 0) & ~(cv2.erode(C, kb) > 0)
-    F, B = _nearest_fill(I, inner), _nearest_fill(I, outer)
+    F = _nearest_fill(I, inner)
+    B = _nearest_fill(I, outer) if bg is None else bg.astype(np.float32)
     d = F - B
     den = (d * d).sum(-1)
     alpha = np.clip(((I - B) * d).sum(-1) / np.maximum(den, 1e-6), 0.0, 1.0)
@@ -159,31 +164,53 @@ def matte(frame: np.ndarray, coarse: np.ndarray, band: int = 2, min_contrast: fl
 
 def derive_masks(frames: np.ndarray, joints: np.ndarray, fingers: np.ndarray, sil: RobotSilhouette,
                  T: np.ndarray, margin_px: int, background: tuple | None = None, prior: float = 0.3,
-                 seed: int = 0, pose_free: bool = False) -> dict:
+                 seed: int = 0, pose_free: bool = False, background_image: np.ndarray | None = None,
+                 area_scale: float = 1.0) -> dict:
     """Robot masks for ``frames`` (pinhole, undistorted) given a camera estimate ``T``
     whose silhouettes are trusted to within ``margin_px``.
 
     ``background``: (frames, joints, fingers) to build the background from (default: the
     frames themselves; more frames with the arm elsewhere give more background).
     ``pose_free``: skip the learned colour cues (first round, pose still far off).
+    ``background_image``: a robot-free still of the same camera (e.g. the arm parked out of
+    view): the background is then known everywhere, and only pixels within a band around
+    the rendered arm (3 x ``margin_px``) are classified (the rest is background).
+    ``area_scale``: pixel-area scale of the speck / hole sizes (e.g. 16 at 4x the resolution).
     Returns dict(masks (N, H, W) soft, valid (N, H, W), coarse (N, H, W), bg, known).
     """
-    bf, bj, bfi = background if background is not None else (frames, joints, fingers)
-    bg, known = background_model(bf, _dilate(render_silhouettes(sil, T, bj, bfi), margin_px))
+    if background_image is not None:
+        bg, known = background_image.astype(np.float32), np.ones(frames.shape[1:3], bool)
+    else:
+        bf, bj, bfi = background if background is not None else (frames, joints, fingers)
+        bg, known = background_model(bf, _dilate(render_silhouettes(sil, T, bj, bfi), margin_px))
+    min_area, max_hole = max(1, int(round(6 * area_scale))), int(round(40 * area_scale))
     if pose_free:  # the pose is too rough to label pixels: contrast cues only
-        c = contrast_masks(frames, bg, known)
+        c = contrast_masks(frames, bg, known, min_area=min_area, max_hole=max_hole)
         return {"masks": c, "valid": np.ones(c.shape, bool), "coarse": c, "bg": bg, "known": known}
     sils = render_silhouettes(sil, T, joints, fingers)
     # Positives: well inside the rendered arm (thin links vanish under a wide erosion, so cap it).
-    pos_m, neg_m = _erode(sils, min(2, max(1, margin_px // 2))), ~_dilate(sils, margin_px)
-    feats = np.stack([pixel_features(f, bg) for f in frames])
+    px = np.sqrt(area_scale)  # pixels per pixel at the 128-px scale the defaults were set for
+    pos_m, neg_m = _erode(sils, min(int(round(2 * px)), max(1, margin_px // 2))), ~_dilate(sils, margin_px)
+    if background_image is not None:  # fine pixels are noisy: classify a little smoothed colour
+        sm = 0.5 * np.sqrt(area_scale)
+        g = (lambda x: cv2.GaussianBlur(x.astype(np.float32), (0, 0), sm))
+        feats = np.stack([pixel_features(g(f), g(bg)) for f in frames])
+    else:
+        feats = np.stack([pixel_features(f, bg) for f in frames])
     clf = RobotColourClassifier(feats[pos_m], feats[neg_m], seed=seed)
+    band = _dilate(sils, 3 * margin_px) if background_image is not None else np.ones(sils.shape, bool)
     coarse, alphas, valids = [], [], []
-    for f, ft in zip(frames, feats):
-        p = clf.predict(ft, known)
+    for f, ft, bd in zip(frames, feats, band):
+        p = np.zeros(bd.shape)
+        ys, xs = np.nonzero(bd)
+        p[ys, xs] = clf.predict(ft[ys, xs][None], known[ys, xs][None])[0]
         p = p * prior / (p * prior + (1 - p) * (1 - prior) + 1e-9)  # few pixels are robot
-        c = clean_mask(p)
-        a, v = matte(f, c)
+        c = clean_mask(p, min_area=min_area, max_hole=max_hole)
+        if background_image is not None:  # B from the still itself; F sampled beyond the blur
+            px = np.sqrt(area_scale)
+            a, v = matte(f, c, band=int(round(2 * px)), bg=bg, inner_px=int(round(1.5 * px)))
+        else:
+            a, v = matte(f, c)
         coarse.append(c)
         alphas.append(a)
         valids.append(v)
@@ -192,7 +219,7 @@ def derive_masks(frames: np.ndarray, joints: np.ndarray, fingers: np.ndarray, si
 
 
 def contrast_masks(frames: np.ndarray, bg: np.ndarray, known: np.ndarray, diff_lo: float = 14.0,
-                   diff_hi: float = 30.0) -> np.ndarray:
+                   diff_hi: float = 30.0, min_area: int = 6, max_hole: int = 40) -> np.ndarray:
     """Pose-free first guess (N, H, W): pixels clearly brighter than the background (a
     Panda's white shell) or far darker (its black caps); moderately darker pixels are
     shadows, strongly coloured ones objects. Used before any pose is trusted."""
@@ -206,5 +233,5 @@ def contrast_masks(frames: np.ndarray, bg: np.ndarray, known: np.ndarray, diff_l
         sat = (f.max(-1) - f.min(-1)) / (f.max(-1) + 1.0)
         p *= np.clip((0.55 - sat) / 0.2, 0.0, 1.0)
         p[~known] = 0.0
-        out.append(clean_mask(p))
+        out.append(clean_mask(p, min_area=min_area, max_hole=max_hole))
     return np.stack(out)

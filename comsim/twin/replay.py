@@ -3,7 +3,9 @@
     replay_dataset(real="runs/lab_push", twin="configs/twin/panda_cell.yaml", out="runs/paired")
 
 1. Alignment (once per dataset, cached in ``OUT/twin_alignment.json``): the camera from a
-   given ``calibration.json`` or calibrated from the dataset's own frames (``align.py``),
+   given ``calibration.json``, else from the dataset's calibration stills
+   (``REAL/calibration/``: robot stills + a robot-free still, as ``comsim lab record``
+   writes them), else from the dataset's own frames (``align.py``),
    and the colours (``colors.py``). The published lens distortion, if any, is read from
    the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
 2. Per episode: objects are localized in the first frames (``localize.py``), then
@@ -36,7 +38,8 @@ from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
 from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, spec_hash
-from comsim.twin.align import aligned_spec, calibrate_dataset, camera_key, dataset_intrinsics
+from comsim.twin.align import (aligned_spec, calibrate_dataset, calibrate_stills, camera_key, dataset_intrinsics,
+                               stills_folder)
 from comsim.twin.calibrate import load_calibration
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, seg_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
@@ -108,13 +111,19 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
         T = cal["T_cam_from_base"]
         calib = {"source": str(calibration), "mean_iou": cal.get("mean_iou"), "converged": cal.get("converged")}
     else:
-        res = calibrate_dataset(real, spec, camera=cam, log=log)
+        stills = stills_folder(real)
+        if stills is not None:  # the cell's calibration stills: finer pixels, a robot-free still
+            res = calibrate_stills(stills, spec, cam, log=log)
+            source = str(stills)
+        else:
+            res = calibrate_dataset(real, spec, camera=cam, log=log)
+            source = "dataset frames"
         T = np.asarray(res["T_cam_from_base"])
-        calib = {"source": "dataset frames", "mean_iou": res["mean_iou"], "converged": res["converged"],
+        calib = {"source": source, "mean_iou": res["mean_iou"], "converged": res["converged"],
                  "per_frame_iou": res["per_frame_iou"], "outlier_frames": res["outlier_frames"],
                  "rounds": res["rounds"], "mask_source": res["mask_source"], "seconds": res["seconds"]}
         if not res["converged"]:
-            raise CalibrationDataError(f"{real}: the camera calibration from the dataset's frames did not converge "
+            raise CalibrationDataError(f"{real}: the camera calibration from {source} did not converge "
                                        f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
     aligned = aligned_spec(spec, cam, T, K, W, H)
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
