@@ -11,7 +11,8 @@
    camera is calibrated (``calibrate.py``), alternating a few rounds: the first starts
    from the twin spec's nominal camera with a wide uncertainty and a global search; later
    rounds shrink the uncertainty and only refine.
-2. Objects: each episode's first frame localizes every object of the spec (``localize.py``).
+2. Objects: each episode's first frame localizes every object of the spec (``localize.py``),
+   against the robot-free still when there are calibration stills (``stills_background``).
 3. Colours: table, backdrop, robot and objects from the frames (``colors.py``).
 
 The result is an aligned SceneSpec (camera, colours) plus per-episode object poses; the
@@ -20,6 +21,7 @@ hidden truth of a lab recording is never read here.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
 from pathlib import Path
@@ -151,6 +153,28 @@ def calibrate_stills(folder, spec: SceneSpec, cam: str, seed: int = 0, log=print
     res.setdefault("mask_source", "given masks")
     res["seconds"] = round(time.perf_counter() - t0, 1)
     return res
+
+
+def stills_background(root, width: int, height: int) -> np.ndarray | None:
+    """The calibration's robot-free still, undistorted and resampled to ``width`` x ``height``
+    (an object-free background for localizing objects), or None. Cached: do not modify."""
+    return _stills_background(str(Path(root).resolve()), int(width), int(height))
+
+
+@functools.lru_cache(maxsize=4)
+def _stills_background(root: str, width: int, height: int) -> np.ndarray | None:
+    d = stills_folder(root)
+    if d is None:
+        return None
+    from comsim.twin.frames import load_calibration_folder
+    try:
+        fr = load_calibration_folder(d)
+    except CalibrationDataError:
+        return None
+    if fr.background is None:
+        return None
+    import cv2
+    return cv2.resize(fr.background, (width, height), interpolation=cv2.INTER_AREA)
 
 
 def aligned_spec(spec: SceneSpec, cam: str, T: np.ndarray, K, width: int, height: int,

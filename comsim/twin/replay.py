@@ -39,7 +39,7 @@ from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
 from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, spec_hash
 from comsim.twin.align import (aligned_spec, calibrate_dataset, calibrate_stills, camera_key, dataset_intrinsics,
-                               stills_folder)
+                               stills_background, stills_folder)
 from comsim.twin.calibrate import load_calibration
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, seg_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
@@ -130,7 +130,7 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
     ep = ds.read_window(0, 0, min(FIRST_FRAMES, ds.episode_length(0)), cameras=[cam])
     img = first_image(ep, cam, maps)
     excl = robot_exclusion(aligned, cam, ep.state[0, :7], float(ep.state[0, 7]))
-    found = localize_objects(img, aligned.objects, K, T, robot_mask=excl)
+    found = localize_objects(img, aligned.objects, K, T, robot_mask=excl, background=stills_background(real, W, H))
     colors = estimate_colors(aligned, cam, img, ep.state[0, :7].astype(np.float64), float(ep.state[0, 7]),
                              object_poses(found, aligned), valid=None if maps is None else _valid_after_undistort(maps))
     final = aligned_spec(spec, cam, T, K, W, H, colors)
@@ -166,7 +166,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     # Objects are recognised by their nominal colours (the matched ones describe the twin's
     # lighting, not what the camera sees).
     found = localize_objects(img, spec.objects, K, T_cam, colors=al["nominal_object_rgba"],
-                             robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])))
+                             robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])),
+                             background=stills_background(ds.root, W, H))
     render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
     scene = twin_scene(render_spec, al["colors"]["robot_tint"])
     poses = object_poses(found, spec)
