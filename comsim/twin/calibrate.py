@@ -239,9 +239,17 @@ def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None,
     with RobotSilhouette(robot, fr.K, W, H, visual=fine_visual) as sil:
         for r, (margin, coarse) in enumerate(BACKGROUND_ROUNDS):
             margin = max(1, int(round(margin * W / 128)))
-            m = derive_masks(fr.images, fr.joints, fr.fingers, sil, T if T is not None else np.eye(4), margin,
-                             seed=seed, pose_free=coarse or T is None, background_image=fr.background,
-                             area_scale=(W / 128) ** 2)
+            try:
+                m = derive_masks(fr.images, fr.joints, fr.fingers, sil, T if T is not None else np.eye(4), margin,
+                                 seed=seed, pose_free=coarse or T is None, background_image=fr.background,
+                                 area_scale=(W / 128) ** 2)
+            except ValueError as e:  # the arm rendered at the estimate misses the image: no colour cues
+                if res is None:
+                    raise CalibrationDataError(f"{fr.folder}: {e}") from None
+                log(f"[calibrate] background round {r}: {e}; stopping at the previous estimate")
+                res["converged"] = False
+                res["why_not_converged"] = f"round {r}: {e} (is the initial camera pose far off?)"
+                break
             fr_m = CalibrationFrames(names=fr.names, images=fr.images, masks=m["masks"], joints=fr.joints,
                                      fingers=fr.fingers, K=fr.K, dist=fr.dist, init_T=T, folder=fr.folder,
                                      valid=m["valid"], background=fr.background)
@@ -265,12 +273,16 @@ def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540
     ``robot``: a built-in robot name, a RobotSpec / SceneSpec, or a twin spec YAML (its robot).
     A folder without ``mask/`` but with ``background.png`` gets derived masks
     (``calibrate_with_background``). ``init_T``: rough start (default: the folder's
-    ``init_T_cam_from_base.txt``, else a search over viewpoints).
+    ``init_T_cam_from_base.txt``, else the twin spec's camera when ``robot`` is a twin spec,
+    else a search over viewpoints).
     """
     fr = load_calibration_folder(folder)
     if isinstance(robot, (str, Path)) and str(robot).endswith((".yaml", ".yml")):  # a twin spec: its robot
         from comsim.sim.spec import load_scene_spec
         robot = load_scene_spec(robot)
+    if init_T is None and fr.init_T is None and getattr(robot, "cameras", None):
+        init_T = np.asarray(robot.cameras[0].T_cam_from_base, np.float64)  # a twin spec's nominal camera
+        log("[calibrate] no init_T_cam_from_base.txt: starting from the twin spec's camera")
     if fr.background is not None:
         visual = robot.robot.visual if hasattr(robot, "robot") else "full"
         result = calibrate_with_background(fr, robot=robot, init_T=init_T, seed=seed, fine_visual=visual,
