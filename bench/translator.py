@@ -1,17 +1,35 @@
 """Benchmark the translator: does pseudo-real beat raw sim, and does the action steer the arm?
 
     python bench/translator.py                       # synthetic pairs, trains configs/translator/tiny.yaml
-    python bench/translator.py --data data/lab_pairs # a paired LeRobot dataset (cam + cam_sim)
+    python bench/translator.py --data data/lab_pairs # paired LeRobot dataset(s) (cam + cam_sim), first = held out
+    python bench/translator.py --data lab            # lab pairs: bench/make_lab_pairs.py into --pairs (if missing)
     python bench/translator.py --model runs/translator-tiny/final   # skip training
 
 On the HELD-OUT episodes (the config's data.val_episodes) it reports PSNR against the real
 frames of: the raw sim render, action-only (w_action=1, w_sim=0), sim-only (0, 1) and composed
 samples (the config's sampling weights), over whole episodes (overlapping windows).
 
-Action consistency (synthetic data, where the arm can be located by colour): action-only
-samples driven by ANOTHER held-out episode's actions; the arm found in them is compared
-with the arm those actions draw (IoU, centroid error). Two references: the real frames of
-the episode with the wrong actions (chance level) and with their own actions (the ceiling).
+Action consistency: action-only samples driven by ANOTHER held-out episode's actions; the
+arm found in them is compared with where those actions put it (IoU). Two references: the
+real frames of the episode whose actions were swapped out (chance level) and the real
+frames that belong to those actions (the ceiling of the estimator).
+- synthetic pairs: the arm is found by colour and drawn from the action (IoU, centroid error);
+- paired datasets with ``<cam>_sim_seg`` (the twin's labels, robot = 1): the robot is found
+  by ``comsim.metrics.action.RobotColourModel`` (P(robot | colour), fit on the TRAINING
+  episodes' real frames with their twin robot masks) and compared with the twin's robot
+  mask of the other episode (rendered at its recorded joints), all at the model resolution.
+
+Lab data are also scored at the recording's resolution (``psnr_native``: the pseudo-real
+frames upsampled bilinearly, the raw sim at its own resolution). Training time is reported
+as wall time, process CPU time and the cores it got (CPU / wall), with the load average:
+on a shared machine the wall time per step is longer than on an idle one. On a busy machine
+use ``--threads 1`` and ``OMP_WAIT_POLICY=PASSIVE``: two torch threads sharing one free core
+ran 5 s/step here, one thread 0.5-0.9 s/step (2 idle cores: ~0.4-0.45 s/step).
+
+Lab pairs, the tiny CPU model (32x32) trained for them:
+
+    OMP_WAIT_POLICY=PASSIVE MUJOCO_GL=egl nice python bench/translator.py \
+        --config configs/translator/tiny_lab.yaml --data lab --threads 1
 
 The last line printed is one JSON object.
 """
@@ -20,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +54,9 @@ from comsim.translator.synthetic import action_consistency  # noqa: E402
 from comsim.translator.training import build_datasets, load_train_config, psnr, train  # noqa: E402
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def held_out_episodes(cfg, max_frames: int):
     _, val = build_datasets(cfg)
     if val is None:
@@ -46,14 +68,140 @@ def held_out_episodes(cfg, max_frames: int):
         n = min(src.episode_length(e), max_frames)
         ep = src.read_window(e, 0, n, cameras=keys)
         out.append({"real": resize_video(ep.frames[keys[0]], val.resolution),
-                    "sim": resize_video(ep.frames[keys[1]], val.resolution), "action": ep.action})
+                    "sim": resize_video(ep.frames[keys[1]], val.resolution), "action": ep.action,
+                    "source": s, "episode": e, "n": n})
     return out
+
+
+def lab_pairs(pairs_dir: Path, args) -> list[str]:
+    """The paired datasets listed in PAIRS/pairs.json, made first (in a subprocess: MuJoCo renders
+    there, never in this process, which has imported the translator) if missing."""
+    manifest = pairs_dir / "pairs.json"
+    if not manifest.is_file():
+        cmd = [sys.executable, str(ROOT / "bench" / "make_lab_pairs.py"), "--out", str(pairs_dir),
+               "--push", str(args.push), "--stack", str(args.stack), "--seed", str(args.pairs_seed),
+               "--mode", args.mode]
+        print("making lab pairs:", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True, env={**os.environ, "MUJOCO_GL": os.environ.get("MUJOCO_GL", "egl")})
+    return json.loads(manifest.read_text())["paired"]
+
+
+def robot_masks(seg: np.ndarray, size) -> np.ndarray:
+    """Twin palette labels (T, H, W, 3) -> bool robot masks (T, *size): robot covers >= half a pixel."""
+    from comsim.translator.data import resize_video as rv
+
+    robot = np.all(np.abs(seg.astype(np.int16) - 255) < 64, axis=-1)  # label 1 is white (twin SEG_PALETTE)
+    m = rv(np.repeat(robot[..., None].astype(np.uint8) * 255, 3, -1), tuple(size))[..., 0]
+    return m >= 128
+
+
+def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int = 8) -> dict:
+    """Action-only samples with ANOTHER held-out episode's actions vs the twin's robot masks of it."""
+    from comsim.io.lerobot import LeRobotDataset
+    from comsim.metrics.action import RobotColourModel, mask_iou
+    from comsim.translator.data import split_episodes
+
+    cam, res = cfg.data.camera, tuple(cfg.data.resolution)
+    seg_key = f"{cam}_sim_seg"
+    sources = [LeRobotDataset(p) for p in cfg.data.paths]
+    if seg_key not in sources[0].camera_keys:
+        return None
+    # the estimator: fit on training episodes (never the held-out ones, never generated frames)
+    train_eps, _ = split_episodes([len(s) for s in sources], cfg.data.val_episodes)
+    model = RobotColourModel()
+    step = max(1, len(train_eps) // fit_episodes)
+    fit = train_eps[::step][:fit_episodes]
+    ref_ious = []
+    for s, e in fit:
+        ep = sources[s].read_episode(e, cameras=[cam, seg_key])
+        real, m = resize_video(ep.frames[cam], res), robot_masks(ep.frames[seg_key], res)
+        model.update(real, m)
+    for s, e in fit:
+        ep = sources[s].read_episode(e, cameras=[cam, seg_key])
+        ref_ious.append(float(mask_iou(model.predict(resize_video(ep.frames[cam], res)),
+                                       robot_masks(ep.frames[seg_key], res)).mean()))
+    masks = []
+    for ep in episodes:
+        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])
+        masks.append(robot_masks(w.frames[seg_key], res))
+    # The robot's base and shoulder sit at the same pixels in every episode: pixels that are robot in
+    # every frame of every held-out episode are left out of the "moving" IoU, which scores the parts
+    # the actions move.
+    static = np.all(np.concatenate(masks), axis=0)
+
+    def ious(pred, ref):
+        return float(mask_iou(pred, ref).mean()), float(mask_iou(pred & ~static, ref & ~static).mean())
+
+    # pair each held-out episode with the held-out episode whose robot motion differs most from its own
+    partner = []
+    for i in range(len(episodes)):
+        cands = [(ious(masks[i][:min(len(masks[i]), len(masks[k]))], masks[k][:min(len(masks[i]), len(masks[k]))])[0], k)
+                 for k in range(len(episodes)) if k != i]
+        partner.append(min(cands)[1])
+    result = {"how": "action-only samples (w_sim=0: the sim video does not enter the guided velocity) of held-out "
+                     "episode i driven by the actions of held-out episode j (the one whose twin robot masks overlap "
+                     "i's least); the robot is found by a colour model P(robot|colour) fit on %d training episodes' "
+                     "real frames with their twin robot masks (comsim.metrics.action.RobotColourModel) and compared "
+                     "(per-frame IoU, mean) with the twin's robot mask of episode j (seg label 1, rendered at its "
+                     "recorded joints), at %dx%d. iou_moving leaves out the %d pixels that are robot in every frame "
+                     "of every held-out episode (base, shoulder). chance: episode i's real frames vs j's masks; real: "
+                     "episode j's own real frames vs its masks (the estimator's ceiling); twin_i_vs_j: i's twin masks "
+                     "vs j's (a perfect drawing of the WRONG motion); vs_episode_i: the samples vs i's masks"
+                     % (len(fit), res[0], res[1], int(static.sum())),
+              "pairs": [[int(episodes[i]["episode"]), int(episodes[j]["episode"])] for i, j in enumerate(partner)],
+              "estimator_iou_on_fit_frames": round(float(np.mean(ref_ious)), 3)}
+    mean = lambda xs, k: round(float(np.mean([x[k] for x in xs])), 3)  # noqa: E731
+    chance, ceiling, twin = [], [], []
+    for i, ep in enumerate(episodes):
+        j = partner[i]
+        n = min(ep["n"], episodes[j]["n"])
+        chance.append(ious(model.predict(ep["real"][:n]), masks[j][:n]))
+        ceiling.append(ious(model.predict(episodes[j]["real"][:n]), masks[j][:n]))
+        twin.append(ious(masks[i][:n], masks[j][:n]))
+    for wa in (1.0, 2.0):
+        got, own = [], []
+        for i, ep in enumerate(episodes):
+            j = partner[i]
+            other = episodes[j]
+            n = min(ep["n"], other["n"])
+            gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i)
+            got.append(ious(model.predict(gen), masks[j][:n]))
+            own.append(ious(model.predict(gen), masks[i][:n]))  # where episode i's robot was
+        result[f"w_action={wa:g}"] = {"iou": mean(got, 0), "iou_moving": mean(got, 1),
+                                      "vs_episode_i_iou_moving": mean(own, 1)}
+    for name, xs in (("chance", chance), ("real", ceiling), ("twin_i_vs_j", twin)):
+        result[f"{name}_iou"], result[f"{name}_iou_moving"] = mean(xs, 0), mean(xs, 1)
+    return result
+
+
+def native_psnr(cfg, pipe, episodes, n_steps: int, gens: dict) -> dict:
+    """PSNR at the recording's resolution: generated frames upsampled, raw sim as rendered."""
+    from comsim.io.lerobot import LeRobotDataset
+
+    cam = cfg.data.camera
+    sources = [LeRobotDataset(p) for p in cfg.data.paths]
+    out = {"sim": []} | {m: [] for m in gens}
+    for i, ep in enumerate(episodes):
+        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[cam, f"{cam}_sim"])
+        real, sim = w.frames[cam], w.frames[f"{cam}_sim"]
+        out["sim"].append(psnr(sim, real))
+        for m, g in gens.items():
+            out[m].append(psnr(resize_video(g[i], real.shape[1:3]), real))
+    return {k: round(float(np.mean(v)), 2) for k, v in out.items()} | {"resolution": list(real.shape[1:3])}
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/translator/tiny.yaml")
-    p.add_argument("--data", default=None, help="paired LeRobot dataset; default: synthetic pairs")
+    p.add_argument("--data", nargs="+", default=None,
+                   help="paired LeRobot dataset(s), the first holds the held-out episodes; 'lab': the lab pairs "
+                        "in --pairs (made by bench/make_lab_pairs.py if missing); default: synthetic pairs")
+    p.add_argument("--pairs", type=Path, default=Path("runs/lab_pairs"), help="lab pairs folder (--data lab)")
+    p.add_argument("--push", type=int, default=20, help="lab pairs to make: push episodes")
+    p.add_argument("--stack", type=int, default=10, help="lab pairs to make: stack episodes")
+    p.add_argument("--pairs-seed", type=int, default=0)
+    p.add_argument("--mode", default="physics", choices=["kinematic", "physics"], help="twin replay mode")
+    p.add_argument("--no-preload", action="store_true", help="decode windows from the videos at every step")
     p.add_argument("--camera", default=None, help="camera short name (default: the config's)")
     p.add_argument("--model", default=None, help="a trained pipeline folder: skip training")
     p.add_argument("--out", default="runs/bench-translator")
@@ -61,24 +209,37 @@ def main(argv=None):
     p.add_argument("--frames", type=int, default=24, help="frames per held-out episode scored")
     p.add_argument("--num-steps", type=int, default=None, help="sampling steps (default: the config's)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (the "
+                   "train_* numbers then cover the resumed part only)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     overrides = [f"train.output_dir={args.out}", f"train.max_minutes={args.minutes}", *args.overrides]
-    if args.data:
-        overrides.append(f"data.paths=[{args.data}]")
+    data = args.data
+    if data == ["lab"]:
+        data = lab_pairs(args.pairs, args)
+    if data:
+        overrides.append(f"data.paths=[{','.join(data)}]")
+        if not args.no_preload:
+            overrides.append("data.preload=true")
     if args.camera:
         overrides.append(f"data.camera={args.camera}")
     cfg = load_train_config(args.config, overrides)
     synthetic = not cfg.data.paths
 
-    result = {"bench": "translator", "data": args.data or "synthetic", "config": args.config}
+    result = {"bench": "translator", "data": data or "synthetic", "config": args.config,
+              "resolution": list(cfg.data.resolution), "overrides": args.overrides}
     t0 = time.time()
     if args.model:
         model_dir = Path(args.model)
     else:
-        model_dir = train(cfg)
-        result["train_minutes"] = round((time.time() - t0) / 60, 2)
+        load0, cpu0 = os.getloadavg()[0], time.process_time()
+        model_dir = train(cfg, resume_from_checkpoint="latest" if args.resume else None)
+        wall, cpu = time.time() - t0, time.process_time() - cpu0
+        result["train_minutes"] = round(wall / 60, 2)
+        result["train_cpu_minutes"] = round(cpu / 60, 2)
+        result["train_cores_used"] = round(cpu / max(wall, 1e-9), 2)
+        result["loadavg_1min_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     episodes = held_out_episodes(cfg, args.frames)
     pipe = TranslatorPipeline.from_pretrained(model_dir, expect={"camera": cfg.data.camera,
                                                                  "action_dim": episodes[0]["action"].shape[1]})
@@ -86,20 +247,25 @@ def main(argv=None):
     if steps and "train_minutes" in result:
         result["steps"] = steps
         result["s_per_step"] = round(result["train_minutes"] * 60 / steps, 3)
+        result["cpu_s_per_step"] = round(result["train_cpu_minutes"] * 60 / steps, 3)
 
     sc = cfg.sampling
     n_steps = args.num_steps or sc.num_steps
     modes = {"action_only": (1.0, 0.0), "sim_only": (0.0, 1.0), "composed": (sc.w_action, sc.w_sim)}
     scores = {"sim": [], **{m: [] for m in modes}}
+    gens = {m: [] for m in modes}
     t1 = time.time()
     for i, ep in enumerate(episodes):
         scores["sim"].append(psnr(ep["sim"], ep["real"]))
         for m, (wa, ws) in modes.items():
             gen = pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i)
+            gens[m].append(gen)
             scores[m].append(psnr(gen, ep["real"]))
     result["psnr"] = {k: round(float(np.mean(v)), 2) for k, v in scores.items()}
+    if not synthetic:
+        result["psnr_native"] = native_psnr(cfg, pipe, episodes, n_steps, gens)
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
-    result.update({"held_out_episodes": len(episodes), "frames_per_episode": len(episodes[0]["real"]),
+    result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
                    "num_steps": n_steps, "weights": {"w_action": sc.w_action, "w_sim": sc.w_sim}})
 
     if synthetic and len(episodes) > 1:
@@ -122,8 +288,10 @@ def main(argv=None):
         result["action_consistency"].update({"chance_iou": mean(chance, "iou"),
                                              "chance_centroid_err_px": mean(chance, "centroid_err_px"),
                                              "real_iou": mean(ceiling, "iou")})
+    elif len(episodes) > 1:
+        result["action_consistency"] = lab_action_consistency(cfg, pipe, episodes, n_steps)  # None: no seg labels
     else:
-        result["action_consistency"] = None  # needs an arm detector for this data (e.g. the lab's seg labels)
+        result["action_consistency"] = None
     result["eval_minutes"] = round((time.time() - t1) / 60, 2)
     ps = result["psnr"]
     result["targets"] = {"gain_ge_8db": result["gain_db_over_sim"] >= 8.0,

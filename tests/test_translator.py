@@ -163,6 +163,20 @@ def test_windows_from_a_lerobot_dataset(tmp_path):
     assert err < 0.1 and err < (item["sim"] - direct[11]["sim"]).abs().mean()  # not another one
     final = train(micro_cfg(tmp_path / "run", f"data.paths=[{root}]", "train.max_steps=2"))
     assert TranslatorPipeline.from_pretrained(final, expect={"action_dim": 8, "fps": 10}).fps == 10
+    # data.preload: the same windows, read once into memory at the training resolution
+    from comsim.translator.data import preload_source
+
+    mem = PairedWindowDataset([preload_source(str(root), ["front", "front_sim"], (16, 16))], "front", 4, (16, 16),
+                              normalizer=ds.normalizer)
+    assert len(mem) == len(ds) and mem.sources[0].fps == 10
+    torch.testing.assert_close(mem[6]["sim"], item["sim"])
+    torch.testing.assert_close(mem[6]["actions"], item["actions"])
+    final = train(micro_cfg(tmp_path / "run_mem", f"data.paths=[{root}]", "data.preload=true", "train.max_steps=2"))
+    assert TranslatorPipeline.from_pretrained(final, expect={"action_dim": 8}).fps == 10
+    from comsim.translator.training import build_datasets  # in-memory Episodes pass through preload as they are
+
+    tr, val = build_datasets(micro_cfg(tmp_path / "x", "data.preload=true", "data.val_episodes=1"), sources=eps)
+    assert len(tr) == 3 * 5 and len(val) == 2 and tr.sources[0].episodes[0] is eps[0]
 
 
 def tiny_autoencoder_kl(path):

@@ -8,6 +8,7 @@ with ``ActionNormalizer`` (mean/std from meta/stats.json, or computed from episo
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,6 +128,23 @@ def _open_source(src):
     if isinstance(src, (list, tuple)) and (len(src) == 0 or isinstance(src[0], Episode)):
         return _EpisodeSource(src)
     return src  # a LeRobotDataset-like object
+
+
+def preload_source(src, cameras: list[str], resolution: tuple[int, int]):
+    """``src`` (a LeRobot dataset path/object or Episodes) read once into memory, the ``cameras``
+    resized to ``resolution``: windows are then slices, with no video decoding per item.
+    Episode Lists stay as they are (already in memory)."""
+    ds = _open_source(src)
+    if isinstance(ds, _EpisodeSource):
+        return ds
+    eps = []
+    for i in range(len(ds)):
+        ep = ds.read_episode(i, cameras=cameras)
+        eps.append(dataclasses.replace(ep, frames={k: resize_video(v, resolution) for k, v in ep.frames.items()},
+                                       extra={}))
+    out = _EpisodeSource(eps)
+    out.fps = float(getattr(ds, "fps", out.fps))
+    return out
 
 
 def _source_stats(ds):

@@ -25,9 +25,10 @@ import torch
 import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
+from comsim.episode import Episode
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
-                                    resize_video, split_episodes)
+                                    preload_source, resize_video, split_episodes)
 from comsim.translator.model import CompositionalVideoDiT
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
@@ -75,6 +76,8 @@ class DataConfig:
     stride: int = 1  # between window starts
     num_workers: int = 0
     latent_cache: bool = False  # encode all windows once (VAE codecs) into output_dir/latents-*.safetensors
+    preload: bool = False  # read every episode once, resized to data.resolution, into memory (small datasets:
+    #                        no video decoding per window; H*W*3 bytes per camera and frame at data.resolution)
 
 
 @dataclass
@@ -242,6 +245,11 @@ def build_datasets(cfg: TranslatorConfig, sources=None):
     """(train, val) PairedWindowDatasets; val holds whole held-out episodes (stride = window)."""
     d = cfg.data
     sources = open_sources(cfg) if sources is None else sources
+    if d.preload:
+        keys = [d.camera, f"{d.camera}_sim"] + [f"{d.camera}_sim_{c}" for c in d.controls]
+        one = isinstance(sources, (str, Path)) or (isinstance(sources, (list, tuple)) and len(sources) > 0
+                                                   and isinstance(sources[0], Episode))
+        sources = [preload_source(s, keys, d.resolution) for s in ([sources] if one else sources)]
     probe = PairedWindowDataset(sources, d.camera, d.num_frames, d.resolution, stride=d.stride, controls=d.controls)
     sizes = [len(s) for s in probe.sources]
     train_eps, val_eps = split_episodes(sizes, d.val_episodes)
