@@ -13,7 +13,11 @@
      objects stay where they were found (no contact dynamics);
    - ``physics``: the twin starts from the first recorded state and its servos track
      the recorded actions, each held for the time to the next frame's timestamp
-     (so dropped or irregular frames stay in sync); objects move by contact.
+     (so dropped or irregular frames stay in sync); objects move by contact. A cube's
+     yaw cannot be read from a small first frame, yet which face the finger meets decides
+     a push: each object the replay touches gets the initial pose (yaw, offset across the
+     arm's approach) whose physics replay best explains the whole real video (``track.py``;
+     ``refine=False``: the first-frame estimate).
    The twin is rendered through the real camera (its size and distortion).
 3. Each output episode holds ``observation.images.<cam>`` (the real video),
    ``observation.images.<cam>_sim`` (the twin), optionally ``<cam>_sim_seg`` (palette
@@ -153,8 +157,26 @@ def _valid_after_undistort(maps) -> np.ndarray:
 # ----------------------------------------------------------------- replay
 
 
+def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, background, maps, fps: float,
+                   log=None) -> dict:
+    """Initial object poses whose physics replay best reproduces the objects in the whole
+    real video (``track.py``): {"objects": {name: {...}}, "simulations", "seconds"}."""
+    import time
+    from comsim.twin.track import Evidence, PhysicsReplay, refine_initial_poses
+    t0 = time.perf_counter()
+    cam = al["camera"]
+    frames = ep.frames[cam]
+    if maps is not None:
+        frames = np.stack([undistort(f, maps) for f in frames])
+    ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"]), np.asarray(al["T_cam_from_base"]),
+                  colors=al["nominal_object_rgba"], background=background)
+    res = refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
+    res["seconds"] = round(time.perf_counter() - t0, 2)
+    return res
+
+
 def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: str,
-                   channels=("seg",)) -> Episode:
+                   channels=("seg",), refine: bool = True, log=None) -> Episode:
     cam = al["camera"]
     ep = ds.read_episode(e)
     _check_episode(ds, e, ep, cam)
@@ -165,12 +187,17 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     img = first_image(ep, cam, maps)
     # Objects are recognised by their nominal colours (the matched ones describe the twin's
     # lighting, not what the camera sees).
+    bg = stills_background(ds.root, W, H)
     found = localize_objects(img, spec.objects, K, T_cam, colors=al["nominal_object_rgba"],
                              robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])),
-                             background=stills_background(ds.root, W, H))
+                             background=bg)
+    refined = None
+    poses = object_poses(found, spec)
+    if mode == "physics" and refine and any(r["found"] for r in found.values()):
+        refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), log=log)
+        poses = {n: (np.asarray(r["pos"]), yaw_quat(r["yaw"])) for n, r in refined["objects"].items()}
     render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
     scene = twin_scene(render_spec, al["colors"]["robot_tint"])
-    poses = object_poses(found, spec)
     scene.reset(arm_qpos=ep.state[0, :7], object_poses=poses)
     scene.set_robot_qpos(ep.state[0, :7], float(ep.state[0, 7]))
     view = RealCameraView(scene, cam, render_cam, K, dist, W, H, margin)
@@ -206,6 +233,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                       extra={"real_dataset": al["real"], "real_episode": e, "replay_mode": mode,
                              "camera_calibration": al["calibration"]["source"],
                              "localized_objects": found, "real_provenance": ep.provenance.to_dict()})
+    if refined is not None:  # initial poses from the whole video (analysis by synthesis over time)
+        prov.extra["refined_objects"] = refined
     extra = {"twin_state": np.asarray(tstate, np.float32)}
     if scene.object_names:
         extra["twin_object_pos"] = np.asarray(opos, np.float32)
@@ -216,12 +245,14 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
                    channels=("seg",), episodes=None, report: bool = True, close: bool = True,
-                   log=print) -> Path:
+                   refine: bool = True, log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
     ``episodes``: a subset to do now; with ``close=False`` they are only staged, so that
     several processes can share the work and a last call (all episodes) joins them.
     ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
+    ``refine``: in physics mode, choose each moving object's initial pose by replaying
+    candidates against the whole video (``track.py``), not from the first frame alone.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
@@ -249,7 +280,8 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
     log(f"[replay] episodes to replay: {todo} ({len(writer.finished_episodes)} already staged)")
     for e in tqdm(todo, desc=f"twin replay ({mode})", unit="episode"):
-        writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels), episode_index=e)
+        writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels, refine=refine, log=log),
+                           episode_index=e)
     if not close:
         return out
     writer.close()

@@ -122,7 +122,16 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
             "object_initial_error_m_max": float(np.max(_all(eps, "object_initial_error_m"))),
             "object_trajectory_error_m_mean": float(np.mean(_all(eps, "object_trajectory_error_m_mean"))),
             "object_trajectory_error_m_max": float(np.max(_all(eps, "object_trajectory_error_m_max"))),
+            "episodes_within_2cm": int(sum(max(x["object_trajectory_error_m_max"].values(), default=np.inf) < 0.02
+                                           for x in eps)),
         })
+        if any(x.get("object_initial_error_m_refined") for x in eps):  # after the whole-video refinement
+            summary.update({
+                "object_initial_error_m_mean_refined": float(np.mean(_all(eps, "object_initial_error_m_refined"))),
+                "object_initial_error_m_max_refined": float(np.max(_all(eps, "object_initial_error_m_refined"))),
+                "object_yaw_error_deg_mean_first_frame": float(np.mean(_all(eps, "object_yaw_error_deg"))),
+                "object_yaw_error_deg_mean_refined": float(np.mean(_all(eps, "object_yaw_error_deg_refined"))),
+            })
     report["summary"] = summary
     if true_masks is not None:
         true_masks.close()
@@ -132,7 +141,7 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
 
 def _all(episodes: list[dict], key: str) -> list[float]:
     """Every object's value of ``key`` over all episodes (NaN if none, e.g. nothing found)."""
-    vals = [v for x in episodes for v in x[key].values()]
+    vals = [v for x in episodes for v in x.get(key, {}).values()]
     return vals or [float("nan")]
 
 
@@ -145,7 +154,9 @@ def _object_errors(ds: LeRobotDataset, e: int, real_e: int, truth, spec) -> dict
     tr = truth.trajectory(real_e)
     names = [str(n) for n in tr["object_names"]]
     found = ep.provenance.extra.get("localized_objects", {})
-    init, yaw_err, mean_err, max_err = {}, {}, {}, {}
+    refinement = ep.provenance.extra.get("refined_objects") or {}
+    refined = refinement.get("objects", {})
+    init, yaw_err, mean_err, max_err, init_r, yaw_r = {}, {}, {}, {}, {}, {}
     for o in spec.objects:
         if o.name not in names:
             continue
@@ -154,8 +165,20 @@ def _object_errors(ds: LeRobotDataset, e: int, real_e: int, truth, spec) -> dict
         if f.get("found"):
             init[o.name] = float(np.linalg.norm(np.asarray(f["pos"][:2]) - tr["object_pos"][0][i][:2]))
             yaw_err[o.name] = float(np.degrees(yaw_error(f["yaw"], _yaw(tr["object_quat"][0][i]), symmetry(o))))
+        if o.name in refined:
+            g = refined[o.name]
+            init_r[o.name] = float(np.linalg.norm(np.asarray(g["pos"][:2]) - tr["object_pos"][0][i][:2]))
+            yaw_r[o.name] = float(np.degrees(yaw_error(g["yaw"], _yaw(tr["object_quat"][0][i]), symmetry(o))))
         if "twin_object_pos" in ep.extra:
             err = np.linalg.norm(ep.extra["twin_object_pos"][:, i] - tr["object_pos"][:, i], axis=-1)
             mean_err[o.name], max_err[o.name] = float(err.mean()), float(err.max())
-    return {"object_initial_error_m": init, "object_yaw_error_deg": yaw_err,
-            "object_trajectory_error_m_mean": mean_err, "object_trajectory_error_m_max": max_err}
+    out = {"object_initial_error_m": init, "object_yaw_error_deg": yaw_err,
+           "object_trajectory_error_m_mean": mean_err, "object_trajectory_error_m_max": max_err}
+    if refined:  # first-frame numbers above, whole-video (refined) ones here
+        out.update({"object_initial_error_m_refined": init_r, "object_yaw_error_deg_refined": yaw_r,
+                    "object_refinement": {n: {k: g.get(k) for k in ("refined", "track_residual",
+                                                                    "first_frame_track_residual", "candidates")}
+                                          for n, g in refined.items()},
+                    "object_refinement_seconds": refinement.get("seconds"),
+                    "object_refinement_simulations": refinement.get("simulations")})
+    return out
