@@ -453,7 +453,8 @@ def test_lab_alignment_end_to_end(tmp_path):
     # 0.76 / 0.57 cm, 0.26 / 0.11 deg, IoU 0.985 / 0.978, objects (first frame) 0.61 / 0.65 cm
     # mean, 1.1 / 1.4 max; with the initial poses refined against the whole video, trajectories
     # 0.71 / 0.76 cm mean, 3.6 / 3.1 cm max, 9 / 8 of 10 episodes within 2 cm (first-frame
-    # poses only: 1.4 / 1.6 cm mean, 11 / 14 cm max, 5 / 4 of 10). Room for fewer episodes here.
+    # poses only: 1.4 / 1.6 cm mean, 11 / 14 cm max, 5 / 4 of 10). These 6 episodes (seed 1):
+    # 0.67 cm / 0.15 deg, objects 0.59 cm mean, trajectories 0.74 cm mean, 2.0 max, 5 of 6 within 2 cm.
     assert rep["camera_position_error_m"] < 0.015 and rep["camera_rotation_error_deg"] < 0.6, rep
     assert rep["mean_robot_iou_vs_true_masks"] > 0.97, rep
     assert rep["object_initial_error_m_mean"] < 0.012, rep
