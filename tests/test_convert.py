@@ -47,14 +47,15 @@ success:
 
 
 def save_micro_translator(path: Path, action_dim: int = 8, camera: str = "front", seed: int = 0) -> Path:
-    """A randomly initialized pixel-space translator: dim 32, depth 2, 4 frames of 64x64, patch 8.
+    """A randomly initialized pixel-space translator: dim 32, depth 2, 4 frames of 32x32, patch 8
+    (the tiny configs' size, where resume must be byte-identical too).
 
     (16-48 px frames used to encode to different bytes now and then, from x264's lookahead;
     comsim.io.video now turns it off and tests/test_io.py checks those widths.)
     """
     torch.manual_seed(seed)
     cfg = from_dict(TranslatorConfig, {"model": {"dim": 32, "depth": 2, "heads": 2, "patch_size": [1, 8, 8]},
-                                       "data": {"num_frames": 4, "resolution": [64, 64], "camera": camera}})
+                                       "data": {"num_frames": 4, "resolution": [32, 32], "camera": camera}})
     model = build_model(cfg, PixelCodec(), action_dim)
     with torch.no_grad():  # AdaLN-Zero starts at zero: randomize so the conditions matter
         for p in model.parameters():
@@ -112,7 +113,7 @@ def test_converted_episodes_keep_sim_and_record_provenance(reference, sim_datase
     assert len(out) == len(src) == N_EPISODES and sorted(out.camera_keys) == ["front", "front_sim"]
     for i in (0, N_EPISODES - 1):
         s, e = src[i], out[i]
-        assert e.frames["front"].shape == (len(s), 64, 64, 3)  # the translator's resolution
+        assert e.frames["front"].shape == (len(s), 32, 32, 3)  # the translator's resolution
         assert np.array_equal(e.frames["front_sim"].shape, s.frames["front_sim"].shape)
         assert np.array_equal(e.action, s.action) and np.array_equal(e.state, s.state) and e.success == s.success
         assert np.array_equal(e.extra["observation.environment_state"], s.extra["observation.environment_state"])
