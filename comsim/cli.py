@@ -64,7 +64,7 @@ def _generate(a):
         raise ValueError("--out is required (unless --dry-run)")
     report = generate_dataset(a.task, a.episodes, Path(a.out), workers=a.workers, seed=a.seed, split=a.split,
                               only_success=a.only_success, max_attempts=a.max_attempts, controls=a.controls,
-                              progress=not a.no_progress)
+                              scene=a.scene, progress=not a.no_progress)
     print(json.dumps(report))
 
 
@@ -159,6 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-attempts", type=int, default=10, help="attempts per episode with --only-success")
     g.add_argument("--controls", nargs="*", default=[], choices=["seg", "depth"],
                    help="also record <cam>_sim_seg / <cam>_sim_depth control videos")
+    g.add_argument("--scene", default=None,
+                   help="generate in this twin scene YAML instead of the task's, e.g. the aligned twin "
+                        "PAIRED/twin_aligned.yaml written by `comsim twin replay` (the pseudo-real pipeline wants it)")
     g.add_argument("--dry-run", action="store_true", help="check the task file (and IK on 8 layouts), write nothing")
     g.add_argument("--no-progress", action="store_true")
     g.add_argument("--vocabulary", action="store_true", help="list the primitives and predicates a task may use")

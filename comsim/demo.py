@@ -84,7 +84,9 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p),
                      needs=["twin calibrate + replay"])
     sim_dir = out / "sim"
-    step("factory generate", lambda: _generate(sim_dir, p))
+    # In the ALIGNED twin: the translator learned the calibrated camera and colours, not the nominal cell.
+    step("factory generate", lambda: _generate(sim_dir, p, paired_dir / "twin_aligned.yaml"),
+         needs=["twin calibrate + replay"])
     pseudo_dir = out / "pseudo_real"
     step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir, p), needs=["translator training", "factory generate"])
     heldout_dir = out / "heldout_pseudo_real"
@@ -140,11 +142,11 @@ def _translator(paired_dir: Path, run_dir: Path, p: DemoProfile) -> Path:
     return Path(result) if result else final
 
 
-def _generate(sim_dir: Path, p: DemoProfile) -> None:
+def _generate(sim_dir: Path, p: DemoProfile, scene: Path) -> None:
     from comsim.factory.generate import generate_dataset
 
     if not _done(sim_dir):
-        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000)
+        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene)
 
 
 def _convert(model_dir: Path, sim_dir: Path, pseudo_dir: Path, p: DemoProfile) -> None:

@@ -318,3 +318,33 @@ def test_failures_are_counted_not_dropped(tmp_path):
 def test_expert_succeeds_on_90_percent_of_in_distribution_seeds(task, tmp_path):
     report = generate_dataset(task, 20, tmp_path / task, workers=2, seed=1000, progress=False)
     assert report["attempts"] == 20 and report["success_rate"] >= 0.9, report
+
+
+def test_generate_in_another_scene_keeps_the_program_and_changes_the_look(tmp_path):
+    # The pseudo-real pipeline generates in the ALIGNED twin (calibrated camera and colours).
+    import yaml
+
+    from comsim.sim.spec import load_scene_spec, spec_hash
+    cell = yaml.safe_load((ROOT / "configs" / "twin" / "panda_cell.yaml").read_text())
+    cell["table"]["rgba"] = [0.1, 0.2, 0.9, 1.0]  # a blue table
+    scene = tmp_path / "aligned.yaml"
+    scene.write_text(yaml.safe_dump(cell))
+    task = reach_task(tmp_path)
+    plain = generate_dataset(task, 1, tmp_path / "plain", seed=3, progress=False)
+    moved = generate_dataset(task, 1, tmp_path / "moved", seed=3, scene=scene, progress=False)
+    assert plain["successes"] == moved["successes"] == 1
+
+    copy = (tmp_path / "moved" / "task.yaml").read_text().splitlines()
+    original = task.read_text().splitlines()
+    scene_line = [i for i, t in enumerate(original) if t.startswith("scene:")][0]
+    assert copy[scene_line].startswith(f"scene: {scene.resolve()}")  # same line: errors still name the task's lines
+    header = json.loads((tmp_path / "moved" / "generation.json").read_text())
+    assert header["twin_spec_hash"] == spec_hash(load_scene_spec(scene))
+
+    a = LeRobotDataset(tmp_path / "plain").read_episode(0)
+    b = LeRobotDataset(tmp_path / "moved").read_episode(0)
+    assert np.array_equal(a.action, b.action)  # the same layout and expert
+    table = (slice(100, 128), slice(30, 100))  # below the arm: table pixels in the front camera
+    blue_a = a.frames["front_sim"][0][table].astype(float)
+    blue_b = b.frames["front_sim"][0][table].astype(float)
+    assert (blue_b[..., 2] - blue_b[..., 0]).mean() > (blue_a[..., 2] - blue_a[..., 0]).mean() + 40

@@ -32,6 +32,7 @@ from comsim.sim.spec import spec_hash
 
 HEADER_FILE = "generation.json"
 REPORT_FILE = "generation_report.json"
+TASK_FILE = "task.yaml"  # the task as generated, when it was moved to another scene
 RESUME_KEYS = ("task", "program_hash", "seed", "split", "only_success", "max_attempts", "controls", "fps")
 CONTROLS = ("seg", "depth")
 
@@ -107,8 +108,12 @@ def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int 
 
 def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, workers: int = 1, seed: int = 0,
                      split: str = "id", only_success: bool = False, max_attempts: int = 10,
-                     controls: tuple[str, ...] | list[str] = (), progress: bool = True) -> dict:
+                     controls: tuple[str, ...] | list[str] = (), scene: str | Path | None = None,
+                     progress: bool = True) -> dict:
     """Generate ``episodes`` episodes of ``task`` (a task YAML or built-in name) into ``out``.
+
+    ``scene``: generate in this twin scene instead of the task's own (e.g. the aligned twin,
+    PAIRED/twin_aligned.yaml); the retargeted task is kept as OUT/task.yaml.
 
     Checks the task (with IK on sampled layouts) before anything is written; returns the report.
     """
@@ -123,6 +128,10 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if bad:
         raise ValueError(f"controls: {bad} unknown; known: {list(CONTROLS)}")
     _init_worker()
+    if scene is not None:
+        from comsim.factory.program import task_in_scene
+
+        task = task_in_scene(task, scene, Path(out) / TASK_FILE)
     program = check_task(task, seed, split)
     task_path = str(program.path.resolve())
 

@@ -178,6 +178,28 @@ def resolve_task_path(task: str | Path) -> Path:
     raise ProgramError(f"task {task!r}: no such file, and not a built-in task; built-in tasks: {known}")
 
 
+def task_in_scene(task: str | Path, scene: str | Path, out: str | Path) -> Path:
+    """Write to ``out`` a copy of ``task`` whose ``scene:`` is ``scene``: the same program in
+    another cell, typically the aligned twin (``comsim twin replay`` writes PAIRED/twin_aligned.yaml)
+    so that generated episodes look through the calibrated camera at the calibrated colours.
+    Only the ``scene:`` line changes (or one is appended), so errors keep naming the task's lines."""
+    from comsim.io.files import atomic_output
+
+    src, scene = resolve_task_path(task), Path(scene).resolve()
+    if not scene.is_file():
+        raise ProgramError(f"scene {scene}: no such file (expected a twin scene YAML)")
+    lines = src.read_text().splitlines()
+    line = f"scene: {scene}  # was set by task_in_scene (source: {src.resolve()})"
+    at = [i for i, text in enumerate(lines) if re.match(r"scene\s*:", text)]
+    if at:
+        lines[at[0]] = line
+    else:
+        lines.append(line)
+    with atomic_output(out) as tmp:
+        tmp.write_text("\n".join(lines) + "\n")
+    return Path(out)
+
+
 def load_program(task: str | Path) -> TaskProgram:
     """Read and check a task program (a path, or a built-in task name)."""
     path = resolve_task_path(task)

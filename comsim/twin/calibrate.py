@@ -38,7 +38,8 @@ from comsim.sim.camera import as_K, look_at
 from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, perturb, pose_error,
                                   refine_contour, trimmed_mean)
-from comsim.twin.report import atomic_write_json, write_overlay
+from comsim.io.files import write_json
+from comsim.twin.report import write_overlay
 from comsim.twin.silhouette import RobotSilhouette
 
 # A frame is "unsynchronized" when another frame's joint vector explains its mask better
@@ -305,7 +306,7 @@ def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540
                     label += f"  {o['reason']}: best joints {o['best_joint_vector']}"
                 write_overlay(out / "overlays" / f"{name}.png", fr.images[i], sil.mask(), fr.masks[i] > 0.5, label)
         name = "calibration.json" if result["converged"] else "calibration_rejected.json"
-        atomic_write_json(result, out / name)
+        write_json(result, out / name)
         result["path"] = str(out / name)
     return result
 

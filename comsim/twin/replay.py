@@ -49,7 +49,7 @@ from comsim.twin.camera_model import RealCameraView, depth_to_rgb, seg_to_rgb, w
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import localize_objects
-from comsim.twin.report import atomic_write_json
+from comsim.io.files import atomic_output, write_json
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -273,8 +273,9 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
         al = align(real, spec, Path(calibration) if calibration else None, camera, log=log)
         al["mode"] = mode
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(al, al_path)
-        (out / "twin_aligned.yaml").write_text(yaml.safe_dump(al["spec"], sort_keys=False))
+        write_json(al, al_path)
+        with atomic_output(out / "twin_aligned.yaml") as tmp:  # the aligned cell, for `comsim generate --scene`
+            tmp.write_text(yaml.safe_dump(al["spec"], sort_keys=False))
     aligned = scene_spec_from_dict(al["spec"], where=str(al_path))
     writer = DatasetWriter(out, ds.fps, resume=True)
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]

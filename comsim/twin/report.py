@@ -1,31 +1,13 @@
 """Files the twin writes: JSON (atomically) and overlay PNGs of silhouettes on real frames."""
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import cv2
 import numpy as np
 
-
-def atomic_write_json(obj, path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=_jsonable))
-    os.replace(tmp, path)
-    return path
-
-
-def _jsonable(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, Path):
-        return str(x)
-    raise TypeError(f"not JSON serializable: {type(x).__name__}")
+from comsim.io.files import write_json
 
 
 def outline(mask: np.ndarray, thickness: int = 1) -> np.ndarray:
@@ -85,5 +67,5 @@ def alignment_report(paired, real=None, out=None, frames_per_episode: int = 4, o
     paired = Path(paired)
     out = Path(out) if out is not None else paired
     rep = S.score(paired, real, frames_per_episode, overlays, out / "report", log)
-    atomic_write_json(rep, out / "alignment_report.json")
+    write_json(rep, out / "alignment_report.json")
     return rep
