@@ -50,6 +50,8 @@ class DatasetSpec:
     seed: int = 0
     program: str | None = None  # factory: task YAML or built-in name; default: the experiment's task
     split: str = "id"  # factory: layout split
+    scene: str | None = None  # factory: twin scene YAML to generate in, e.g. the aligned twin
+    #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
     input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
     translator: str | None = None  # convert: the translator's folder
     w_action: float = 1.0  # convert: guidance weights and sampling steps
@@ -196,7 +198,7 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             from comsim.factory.generate import generate_dataset
             log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
             generate_dataset(spec.program or cfg.task, spec.episodes, path, workers=spec.workers, seed=spec.seed,
-                             split=spec.split)
+                             split=spec.split, scene=spec.scene)
         elif spec.build == "convert":
             if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "
