@@ -348,3 +348,14 @@ def test_generate_in_another_scene_keeps_the_program_and_changes_the_look(tmp_pa
     blue_a = a.frames["front_sim"][0][table].astype(float)
     blue_b = b.frames["front_sim"][0][table].astype(float)
     assert (blue_b[..., 2] - blue_b[..., 0]).mean() > (blue_a[..., 2] - blue_a[..., 0]).mean() + 40
+
+
+def test_task_files_are_read_with_a_safe_loader(tmp_path):
+    # Task YAML comes from users (or a language model): Python object tags must not run.
+    marker = tmp_path / "ran"
+    bad = tmp_path / "evil.yaml"
+    bad.write_text(f"task: !!python/object/apply:os.system ['touch {marker}']\n")
+    from comsim.config import ConfigError
+    with pytest.raises(ConfigError, match="could not determine a constructor") as e:
+        load_program(bad)
+    assert "evil.yaml" in str(e.value) and not marker.exists()

@@ -46,13 +46,9 @@ def off_by(T: np.ndarray, metres: float, degrees: float, seed: int = 1) -> np.nd
 
 
 def render_masks(K, T, joints, fingers, W, H) -> np.ndarray:
+    from comsim.twin.masks import render_silhouettes
     with RobotSilhouette("panda", K, W, H, visual="full") as sil:
-        sil.set_camera(T)
-        out = []
-        for q, f in zip(joints, fingers):
-            sil.set_joints(q, f)
-            out.append(sil.mask())
-    return np.stack(out)
+        return render_silhouettes(sil, T, joints, fingers)
 
 
 def write_folder(path: Path, images, masks, joints, K, init_T=None) -> Path:

@@ -15,6 +15,8 @@ Motion is top-down: min-jerk moves of the TCP pose through ``CartesianCommander`
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -134,7 +136,7 @@ def _grasp_yaw(setup, role: str, obj_xy, obj_yaw: float, current: float, neighbo
 # ---------------------------------------------------------------- primitives
 
 
-class Primitive:
+class Primitive(ABC):
     name = ""
     params: dict[str, Param] = {}
 
@@ -142,11 +144,13 @@ class Primitive:
         """Static check of what is held before/after; returns what is held after this step."""
         return held
 
+    @abstractmethod
     def plan(self, ps: PlanState, p: dict) -> None:
-        raise NotImplementedError
+        """Each subclass says how: advance the planning state (what moves where) without simulating."""
 
+    @abstractmethod
     def run(self, ex: Expert, p: dict) -> Iterator[np.ndarray]:
-        raise NotImplementedError
+        """Each subclass says how: yields the actions of this step."""
 
 
 def _need_held(step, held, fail):

@@ -6,6 +6,8 @@ episode's provenance, so a failure says which condition was not met).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,11 +40,12 @@ def scene_state(scene) -> SceneState:
     return SceneState(pos, quat, float(scene.get_state()[7]), touching)
 
 
-class Predicate:
+class Predicate(ABC):
     params: dict[str, Param] = {}
 
+    @abstractmethod
     def __call__(self, s: SceneState, setup, p: dict) -> bool:
-        raise NotImplementedError
+        """Each subclass says how."""
 
 
 class Stacked(Predicate):

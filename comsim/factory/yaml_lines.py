@@ -33,7 +33,8 @@ class LineList(list):
 
 
 class _LineLoader(yaml.SafeLoader):
-    pass
+    """yaml.SafeLoader (no Python object tags: a task file a user hands us cannot run code) that
+    also records each mapping's and sequence's line number, so errors can name the line."""
 
 
 # YAML 1.1 reads on/off/yes/no as booleans, so `stack: {on: base}` would have the key True.
@@ -71,7 +72,7 @@ def load_with_lines(path: str | Path) -> LineDict:
         raise ConfigError(f"{path}: file not found")
     text = path.read_text()
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - _LineLoader is a SafeLoader
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass (tested)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)

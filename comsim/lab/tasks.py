@@ -7,6 +7,8 @@ recompute them from the hidden truth files (``comsim.lab.truth``).
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass
 
 import mujoco
@@ -31,7 +33,7 @@ class TaskState:
     touching_robot: dict[str, bool]  # name -> any contact with a robot geom
 
 
-class Task:
+class Task(ABC):
     name = ""
 
     def __init__(self, cell: LabCell):
@@ -71,8 +73,9 @@ class Task:
         return all(np.linalg.norm(a - b) >= self.cfg.min_separation
                    for i, a in enumerate(xy) for b in xy[i + 1:])
 
+    @abstractmethod
     def success(self, s: TaskState) -> bool:
-        raise NotImplementedError
+        """Each subclass says how."""
 
     def describe(self) -> dict:
         """Task parameters for the truth file."""

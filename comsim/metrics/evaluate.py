@@ -14,6 +14,8 @@ Protocols: see ``frame.py`` (PSNR, SSIM, LPIPS), ``frechet.py`` (FID, FVD), ``cl
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +36,7 @@ IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 # ----------------------------------------------------------------------------- inputs
 
 
-class VideoSource:
+class VideoSource(ABC):
     """Episodes of one camera: ``len``, ``frames(i)`` uint8 (T, H, W, 3), and where the
     format has them ``joints(i, kind)`` (T, 8) and ``task(i)``."""
 
@@ -42,11 +44,13 @@ class VideoSource:
     kind: str
     camera: str | None = None
 
+    @abstractmethod
     def __len__(self) -> int:
-        raise NotImplementedError
+        """Each subclass says how."""
 
+    @abstractmethod
     def frames(self, i: int) -> np.ndarray:
-        raise NotImplementedError
+        """Each subclass says how."""
 
     def joints(self, i: int, kind: str = "state") -> np.ndarray | None:
         return None
