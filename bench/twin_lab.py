@@ -52,7 +52,6 @@ def main(argv=None) -> dict:
                "per_episode_object_trajectory_error_m_max": [max(e["object_trajectory_error_m_max"].values())
                                                               for e in eps],
                "refine": not a.no_refine,
-               "refine_seconds": round(sum((e.get("object_refinement_seconds") or 0) for e in eps), 1),
                "record_seconds": round(t1 - t0, 1), "align_replay_report_seconds": round(t2 - t1, 1),
                "paired": str(paired)}
     print(json.dumps(summary))

@@ -259,16 +259,24 @@ def test_replay_round_trip(lab, tmp_path, mode):
                            report=False, log=lambda *a: None)
 
 
-def test_replay_resumes(lab, tmp_path):
-    """An interrupted replay (episode 0 staged, never closed) continues where it stopped."""
+def test_replay_resumes_to_the_same_bytes(lab, tmp_path):
+    """An interrupted replay (episode 0 staged, never closed) continues where it stopped, and gives
+    the same files, byte for byte, as an uninterrupted run (physics mode with the whole-video
+    refinement: nothing run-dependent such as a wall time may enter the dataset)."""
     from comsim.twin.replay import replay_dataset
     out, cal = tmp_path / "paired", nominal_calibration(tmp_path / "cal.json")
-    replay_dataset(lab, CELL, out, mode="kinematic", calibration=cal, episodes=[0], close=False, report=False,
+    replay_dataset(lab, CELL, out, mode="physics", calibration=cal, episodes=[0], close=False, report=False,
                    log=lambda *a: None)
     logs = []
-    replay_dataset(lab, CELL, out, mode="kinematic", calibration=cal, report=False, log=logs.append)
+    replay_dataset(lab, CELL, out, mode="physics", calibration=cal, report=False, log=logs.append)
     assert any("episodes to replay: [1] (1 already staged)" in m for m in logs), logs
     assert len(LeRobotDataset(out)) == 2 and not (out / ".staging").exists()
+    assert LeRobotDataset(out)[0].provenance.extra.get("refined_objects"), "the refinement did not run"
+    again = tmp_path / "again"
+    replay_dataset(lab, CELL, again, mode="physics", calibration=cal, report=False, log=lambda *a: None)
+    files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+    assert [f for f in files if (out / f).read_bytes() != (again / f).read_bytes()] == []
 
 
 def test_replay_missing_video_names_the_file(lab, tmp_path):

@@ -160,19 +160,16 @@ def _valid_after_undistort(maps) -> np.ndarray:
 def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, background, maps, fps: float,
                    log=None) -> dict:
     """Initial object poses whose physics replay best reproduces the objects in the whole
-    real video (``track.py``): {"objects": {name: {...}}, "simulations", "seconds"}."""
-    import time
+    real video (``track.py``): {"objects": {name: {...}}, "simulations"}. (No wall time: it
+    goes into the episode's provenance, and the same inputs must give byte-identical datasets.)"""
     from comsim.twin.track import Evidence, PhysicsReplay, refine_initial_poses
-    t0 = time.perf_counter()
     cam = al["camera"]
     frames = ep.frames[cam]
     if maps is not None:
         frames = np.stack([undistort(f, maps) for f in frames])
     ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"]), np.asarray(al["T_cam_from_base"]),
                   colors=al["nominal_object_rgba"], background=background)
-    res = refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
-    res["seconds"] = round(time.perf_counter() - t0, 2)
-    return res
+    return refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
 
 
 def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: str,

@@ -179,6 +179,5 @@ def _object_errors(ds: LeRobotDataset, e: int, real_e: int, truth, spec) -> dict
                     "object_refinement": {n: {k: g.get(k) for k in ("refined", "track_residual",
                                                                     "first_frame_track_residual", "candidates")}
                                           for n, g in refined.items()},
-                    "object_refinement_seconds": refinement.get("seconds"),
                     "object_refinement_simulations": refinement.get("simulations")})
     return out
