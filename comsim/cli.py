@@ -171,9 +171,10 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--model", required=True, help="translator pipeline folder (save_pretrained)")
     cv.add_argument("--input", required=True, help="sim LeRobotDataset (from `comsim generate`)")
     cv.add_argument("--output", required=True, help="output dataset folder (resumed if partial)")
-    cv.add_argument("--w-action", type=float, default=1.0, help="action guidance weight")
-    cv.add_argument("--w-sim", type=float, default=1.0, help="sim-video guidance weight")
-    cv.add_argument("--steps", type=int, default=20, help="sampling steps")
+    own = " (default: the translator's own, from its training config's sampling:)"
+    cv.add_argument("--w-action", type=float, default=None, help="action guidance weight" + own)
+    cv.add_argument("--w-sim", type=float, default=None, help="sim-video guidance weight" + own)
+    cv.add_argument("--steps", type=int, default=None, help="sampling steps" + own)
     cv.add_argument("--strength", type=float, default=1.0, help="< 1 starts from the noised sim video")
     cv.add_argument("--seed", type=int, default=0, help="base seed (episode k uses a seed from (seed, k))")
     cv.add_argument("--workers", type=int, default=1, help="local processes")

@@ -150,13 +150,16 @@ def _accelerate_state():
     return PartialState(cpu=cpu)
 
 
-def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float = 1.0,
-                    w_sim: float = 1.0, steps: int = 20, strength: float = 1.0, seed: int = 0, workers: int = 1,
+def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float | None = None,
+                    w_sim: float | None = None, steps: int | None = None, strength: float = 1.0, seed: int = 0, workers: int = 1,
                     num_shards: int | None = None, shard_index: int | None = None, device: str | None = None,
                     threads: int = 1, progress: bool = True) -> dict:
-    """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict."""
+    """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict.
+
+    ``w_action``, ``w_sim`` and ``steps`` left as None take the translator's own sampling settings
+    (translator.json, from its training config)."""
     model, input, output = Path(model), Path(input), Path(output)
-    if steps < 1 or not 0.0 < strength <= 1.0:
+    if (steps is not None and steps < 1) or not 0.0 < strength <= 1.0:
         raise ConversionError(f"steps must be >= 1 and strength in (0, 1], got steps={steps}, strength={strength}")
     if (num_shards is None) != (shard_index is None):
         raise ConversionError("--num-shards and --shard-index go together")
@@ -166,6 +169,12 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
     ds = LeRobotDataset(input, default_source="sim")
     check_compatible(model, ds)
+    from comsim.translator.pipeline import sampling_defaults
+
+    own = sampling_defaults(model)
+    w_action = own["w_action"] if w_action is None else w_action
+    w_sim = own["w_sim"] if w_sim is None else w_sim
+    steps = own["num_steps"] if steps is None else steps
     t_hash = translator_hash(model)
     guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength)}
     header = {"model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),

@@ -3,6 +3,7 @@
 The input is a real (short) factory dataset; the translator is randomly initialized: these
 tests check plumbing, determinism, resumption and provenance, not image quality.
 """
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from comsim.config import from_dict
-from comsim.convert import ConversionError, convert_dataset, episode_seed, translator_hash
+from comsim.convert import HEADER_FILE, ConversionError, convert_dataset, episode_seed, translator_hash
 from comsim.factory.generate import generate_dataset
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import read_video
@@ -46,7 +47,8 @@ success:
 """
 
 
-def save_micro_translator(path: Path, action_dim: int = 8, camera: str = "front", seed: int = 0) -> Path:
+def save_micro_translator(path: Path, action_dim: int = 8, camera: str = "front", seed: int = 0,
+                          sampling: dict | None = None) -> Path:
     """A randomly initialized pixel-space translator: dim 32, depth 2, 4 frames of 32x32, patch 8
     (the tiny configs' size, where resume must be byte-identical too).
 
@@ -55,7 +57,8 @@ def save_micro_translator(path: Path, action_dim: int = 8, camera: str = "front"
     """
     torch.manual_seed(seed)
     cfg = from_dict(TranslatorConfig, {"model": {"dim": 32, "depth": 2, "heads": 2, "patch_size": [1, 8, 8]},
-                                       "data": {"num_frames": 4, "resolution": [32, 32], "camera": camera}})
+                                       "data": {"num_frames": 4, "resolution": [32, 32], "camera": camera},
+                                       "sampling": sampling or {}})
     model = build_model(cfg, PixelCodec(), action_dim)
     with torch.no_grad():  # AdaLN-Zero starts at zero: randomize so the conditions matter
         for p in model.parameters():
@@ -123,6 +126,21 @@ def test_converted_episodes_keep_sim_and_record_provenance(reference, sim_datase
         assert p.guidance == {"w_action": 1.5, "w_sim": 2.0, "steps": 6, "strength": 1.0}
         assert p.seed == episode_seed(3, i) and p.task == "reach" and p.twin_spec_hash == s.provenance.twin_spec_hash
         assert p.extra["source_episode"] == i and p.extra["sim_seed"] == s.provenance.seed
+
+
+def test_guidance_defaults_to_the_translators_own_sampling(sim_dataset, tmp_path):
+    """Without --steps / --w-action / --w-sim a conversion samples as the translator's training config says."""
+    model = save_micro_translator(tmp_path / "m", sampling={"num_steps": 2, "w_action": 0.5, "w_sim": 1.5})
+    out = tmp_path / "pseudo"
+    report = convert_dataset(model, sim_dataset, out, num_shards=N_EPISODES, shard_index=0, progress=False)
+    assert report["converted_now"] == 1 and not report["closed"]
+    header = json.loads((out / HEADER_FILE).read_text())
+    assert (header["steps"], header["w_action"], header["w_sim"]) == (2, 0.5, 1.5)
+    # and an explicit value wins
+    report = convert_dataset(model, sim_dataset, tmp_path / "explicit", steps=3, num_shards=N_EPISODES,
+                             shard_index=0, progress=False)
+    header = json.loads((tmp_path / "explicit" / HEADER_FILE).read_text())
+    assert (header["steps"], header["w_action"], header["w_sim"]) == (3, 0.5, 1.5)
 
 
 def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, micro, tmp_path):

@@ -10,6 +10,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
 from safetensors.torch import load_file
 
 from comsim.config import apply_overrides, from_dict
@@ -17,7 +18,7 @@ from comsim.translator.codec import DiffusersVAECodec, PixelCodec
 from comsim.translator.data import (ActionNormalizer, LatentWindowDataset, PairedWindowDataset, build_latent_cache,
                                    video_to_tensor)
 from comsim.translator.guidance import compose, guided_velocity
-from comsim.translator.model import CompositionalVideoDiT
+from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
 from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, flow_matching_loss,
@@ -118,6 +119,46 @@ def test_guidance_composition():
     with torch.no_grad():
         guided_velocity(model, x, t, a, s, 1.5, 2.0)
     assert calls == [6]  # ONE forward with the three branches stacked (3B)
+
+
+def test_sample_prediction_composes_like_velocity_prediction():
+    """x-prediction: an exact x0 gives the exact velocity, and guidance composes the branches'
+    x0 predictions into the same velocity as composing their velocities."""
+    x, t, a, s = inputs()
+    g = torch.Generator().manual_seed(3)
+    x0, noise, sigma = torch.randn(2, 3, 4, 16, 16, generator=g), torch.randn(2, 3, 4, 16, 16, generator=g), \
+        torch.tensor([0.3, 0.9])
+    x_t = (1 - sigma.view(2, 1, 1, 1, 1)) * x0 + sigma.view(2, 1, 1, 1, 1) * noise
+    torch.testing.assert_close(velocity_from_output(x0, x_t, sigma, "sample"), noise - x0, rtol=1e-5, atol=1e-5)
+
+    model = micro_model(prediction_type="sample")
+    with torch.no_grad():
+        def v_of(ak, sk):
+            out = model(x, t, a, s, torch.full((2,), ak), torch.full((2,), sk))
+            return velocity_from_output(out, x, t / 1000.0, "sample")
+
+        expected = compose(v_of(False, False), v_of(True, False), v_of(False, True), 1.5, 2.0)
+        torch.testing.assert_close(guided_velocity(model, x, t, a, s, 1.5, 2.0), expected, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="sim_residual needs prediction_type='sample'"):
+        CompositionalVideoDiT(sim_residual=True)
+
+
+def test_sim_residual_starts_at_the_sim_video():
+    """A fresh sim-residual model (zero-initialised output) predicts x0 = the sim video wherever the sim
+    is given, so one sim-only Euler step returns the sim video; without the sim it predicts zeros."""
+    torch.manual_seed(0)
+    model = CompositionalVideoDiT(num_frames=4, sample_size=(16, 16), dim=32, depth=2, heads=2,
+                                  prediction_type="sample", sim_residual=True).eval()
+    x, t, a, s = inputs()
+    yes, no = torch.ones(2, dtype=torch.bool), torch.zeros(2, dtype=torch.bool)
+    with torch.no_grad():
+        assert torch.equal(model(x, t, a, s, yes, yes), s)
+        assert torch.equal(model(x, t, a, s, yes, no), torch.zeros_like(s))
+    pipe = TranslatorPipeline(model, PixelCodec(), FlowMatchEulerDiscreteScheduler(), ActionNormalizer(np.zeros(8), np.ones(8)),
+                              num_frames=4, resolution=(16, 16))
+    ep = make_synthetic_pairs(1, 6, 16, seed=2)[0]
+    out = pipe(ep.frames["front_sim"], ep.action, w_action=0.0, w_sim=1.0, num_steps=1, seed=0)
+    assert np.abs(out.astype(int) - ep.frames["front_sim"]).max() <= 1
 
 
 # -- data and codecs ---------------------------------------------------------------------------
@@ -260,6 +301,10 @@ def test_save_load_reproduces_samples_exactly(trained, tmp_path):
     assert pseudo.frames["front"].shape == (5, 16, 16, 3) and pseudo.provenance.source == "pseudo_real"
     assert pseudo.provenance.translator_hash == pipe.checkpoint_hash and pseudo.provenance.guidance["w_sim"] == 1.0
     low = pipe(ep.frames["front_sim"], ep.action, num_steps=10, strength=0.2, seed=4)
+    # calls without guidance settings use the ones saved from the training config (micro: 4 steps)
+    assert pipe.sampling == {"num_steps": 4, "w_action": 1.0, "w_sim": 1.0}
+    assert np.array_equal(pipe(ep.frames["front_sim"], ep.action, seed=4),
+                          pipe(ep.frames["front_sim"], ep.action, num_steps=4, w_action=1.0, w_sim=1.0, seed=4))
     assert np.abs(low.astype(int) - ep.frames["front_sim"]).mean() < np.abs(a.astype(int) - ep.frames["front_sim"]).mean()
 
 

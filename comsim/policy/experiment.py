@@ -54,9 +54,9 @@ class DatasetSpec:
     #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
     input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
     translator: str | None = None  # convert: the translator's folder
-    w_action: float = 1.0  # convert: guidance weights and sampling steps
-    w_sim: float = 1.0
-    steps: int = 20
+    w_action: float | None = None  # convert: guidance weights and sampling steps (None: the translator's own)
+    w_sim: float | None = None
+    steps: int | None = None
     workers: int = 1  # factory / convert: processes
 
     def __post_init__(self):

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from comsim.translator.model import velocity_from_output
+
 # (action_keep, sim_keep) of each branch
 BRANCHES = {"none": (False, False), "action": (True, False), "sim": (False, True)}
 
@@ -25,7 +27,7 @@ def branch_coefficients(w_action: float, w_sim: float) -> dict[str, float]:
 
 
 def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: float, w_sim: float):
-    """Composed velocity for ``latents`` (B, C, T, H, W) at ``timestep`` (B,), one model call."""
+    """Composed velocity for ``latents`` (B, C, T, H, W) at ``timestep`` (B,) = sigma * 1000, one model call."""
     B = latents.shape[0]
     coefs = branch_coefficients(w_action, w_sim)
     names = list(coefs)
@@ -36,4 +38,8 @@ def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: fl
     v = model(latents.repeat(n, 1, 1, 1, 1), timestep.repeat(n), actions.repeat(n, 1, 1),
               sim_latents.repeat(n, 1, 1, 1, 1), action_keep=action_keep, sim_keep=sim_keep)
     v = v.float().view(n, B, *v.shape[1:])
-    return sum(coefs[k] * v[i] for i, k in enumerate(names))
+    out = sum(coefs[k] * v[i] for i, k in enumerate(names))
+    # The coefficients sum to 1 and the map to a velocity is affine in the output: composing
+    # x0 predictions and then converting equals converting each branch, then composing.
+    return velocity_from_output(out, latents.float(), timestep.float() / 1000.0,
+                                getattr(model, "config").prediction_type)

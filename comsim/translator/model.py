@@ -1,7 +1,10 @@
 """CompositionalVideoDiT: a video diffusion transformer with two droppable conditions.
 
 One self-contained file. The model predicts the flow-matching velocity ``v = noise - x0``
-of a latent video from
+(``prediction_type="velocity"``) or the clean latents x0 (``"sample"``, as in JiT: Li & He 2025,
+"Back to Basics: Let Denoising Generative Models Denoise"; in pixel space the clean frame is the
+low-dimensional target while the noise is not, and the loss stays on the velocity) of a latent
+video from
 
 - the noisy latents ``(B, C, T, H, W)`` and the timestep ``(B,)`` (sigma * 1000),
 - the ACTION trajectory ``(B, T_pix, A)`` (normalized): every latent frame's tokens are
@@ -32,6 +35,27 @@ from diffusers.models.attention_processor import Attention
 from diffusers.models.embeddings import TimestepEmbedding, Timesteps, apply_rotary_emb, get_1d_rotary_pos_embed
 from diffusers.models.modeling_utils import ModelMixin
 from einops import rearrange
+
+
+PREDICTION_TYPES = ("velocity", "sample")
+# x-prediction turns into a velocity by dividing by sigma; JiT clips sigma there so that the
+# nearly clean end of the path does not blow the loss (and the last Euler steps) up.
+MIN_SIGMA_FOR_SAMPLE = 0.05
+
+
+def velocity_from_output(output, noisy_latents, sigma, prediction_type: str):
+    """The flow velocity ``noise - x0`` that a model ``output`` stands for at noise level ``sigma`` (B,).
+
+    ``velocity``: the output is the velocity. ``sample``: it is x0, and with
+    ``x_t = (1 - sigma) x0 + sigma noise`` the velocity is ``(x_t - x0) / sigma``. Linear in the
+    output for a fixed (x_t, sigma), so guidance may compose outputs before converting them.
+    """
+    if prediction_type == "velocity":
+        return output
+    if prediction_type != "sample":
+        raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+    s = sigma.to(output.dtype).clamp_min(MIN_SIGMA_FOR_SAMPLE).view(-1, *([1] * (output.dim() - 1)))
+    return (noisy_latents - output) / s
 
 
 def action_frames_for(latent_frames: int, actions_per_latent_frame: int, causal_first_frame: bool) -> int:
@@ -127,6 +151,12 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         abs_pos_embed: add the absolute 2D sin-cos embedding to the tokens (see the module doc).
         action_fourier: each normalized action value a also enters as sin/cos(2^k * pi/2 * a),
             k < action_fourier: joint angles act on the image through sines and cosines.
+        prediction_type: what ``forward`` returns, ``velocity`` or ``sample`` (x0); see
+            ``velocity_from_output``.
+        sim_residual: with ``sample``, the x0 prediction of a sample whose sim video is given is
+            the sim latents plus the network's output: the twin already draws the scene where it
+            is, so the network starts at the raw sim render and learns only what the real camera
+            adds. A sample without sim predicts x0 outright.
     """
 
     _supports_gradient_checkpointing = True
@@ -149,8 +179,15 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         rope_theta: float = 10000.0,
         abs_pos_embed: bool = True,
         action_fourier: int = 4,
+        prediction_type: str = "velocity",
+        sim_residual: bool = False,
     ):
         super().__init__()
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+        if sim_residual and (prediction_type != "sample" or sim_channels < in_channels):
+            raise ValueError("sim_residual needs prediction_type='sample' and sim latents in the first "
+                             f"in_channels={in_channels} sim channels (got {prediction_type!r}, {sim_channels})")
         pt, ph, pw = patch_size
         if dim % heads or (dim // heads) % 2 or dim // heads < 8:
             raise ValueError(f"dim={dim} must split into {heads} heads of an even size >= 8")
@@ -256,5 +293,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
 
         shift, scale = self.ada_out(F.silu(cond)).repeat_interleave(Ht * Wt, dim=1).chunk(2, dim=-1)
         x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
-        return rearrange(x, "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
-                         t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
+        x = rearrange(x, "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
+                      t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
+        if c.sim_residual:
+            x = x + (sim_latents[:, :C] * sk).to(x.dtype)
+        return x

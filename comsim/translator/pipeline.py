@@ -2,7 +2,8 @@
 
 A folder written by ``save_pretrained`` holds everything needed to sample offline:
 
-    translator.json        camera, window (num_frames, resolution), action_dim, controls, provenance
+    translator.json        camera, window (num_frames, resolution), action_dim, controls, provenance,
+                           sampling (the num_steps, w_action, w_sim that calls use unless told otherwise)
     transformer/           CompositionalVideoDiT (config.json + safetensors)
     scheduler/             FlowMatchEulerDiscreteScheduler config (sigmas of the Euler loop)
     codec.json (+ vae/)    the codec; a VAE's weights are copied in
@@ -35,21 +36,36 @@ class TranslatorMismatchError(ValueError):
     """A checkpoint or an input does not fit what the model was built for."""
 
 
+DEFAULT_SAMPLING = {"num_steps": 20, "w_action": 1.0, "w_sim": 1.0}
+
+
+def sampling_defaults(directory: str | Path) -> dict:
+    """The sampling settings a saved pipeline asks for (its training config's ``sampling``), read
+    from translator.json without loading weights; folders saved before they were stored get
+    DEFAULT_SAMPLING."""
+    meta = json.loads((Path(directory) / "translator.json").read_text())
+    return {**DEFAULT_SAMPLING, **meta.get("sampling", {})}
+
+
 class TranslatorPipeline:
     def __init__(self, transformer: CompositionalVideoDiT, codec, scheduler: FlowMatchEulerDiscreteScheduler,
                  normalizer: ActionNormalizer, camera: str = "front", num_frames: int = 8,
                  resolution: tuple[int, int] = (32, 32), controls: tuple[str, ...] = (), fps: float = 10.0,
-                 provenance: dict | None = None):
+                 provenance: dict | None = None, sampling: dict | None = None):
         self.transformer, self.codec, self.scheduler, self.normalizer = transformer, codec, scheduler, normalizer
         self.camera, self.num_frames, self.resolution = camera, int(num_frames), tuple(resolution)
         self.controls, self.fps, self.provenance = tuple(controls), fps, dict(provenance or {})
+        unknown = set(sampling or {}) - set(DEFAULT_SAMPLING)
+        if unknown:
+            raise ValueError(f"sampling has unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_SAMPLING)}")
+        self.sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
         self._check_consistency()
 
     # -- consistency -----------------------------------------------------------------------
     def info(self) -> dict:
         return {"camera": self.camera, "num_frames": self.num_frames, "resolution": list(self.resolution),
                 "controls": list(self.controls), "action_dim": self.normalizer.dim, "fps": self.fps,
-                "provenance": self.provenance}
+                "provenance": self.provenance, "sampling": self.sampling}
 
     def _check_consistency(self):
         mc = self.transformer.config
@@ -103,7 +119,7 @@ class TranslatorPipeline:
                    FlowMatchEulerDiscreteScheduler.from_pretrained(directory / "scheduler"), normalizer,
                    camera=meta["camera"], num_frames=meta["num_frames"], resolution=tuple(meta["resolution"]),
                    controls=tuple(meta.get("controls", ())), fps=meta.get("fps", 10.0),
-                   provenance=meta.get("provenance"))
+                   provenance=meta.get("provenance"), sampling=meta.get("sampling"))
         weights = directory / "transformer" / "diffusion_pytorch_model.safetensors"
         pipe.checkpoint_hash = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
         return pipe.to(device)
@@ -175,6 +191,11 @@ class TranslatorPipeline:
         return half if r == 1 else 1 + r * max(0, (half - 1) // r)
 
     # -- sampling --------------------------------------------------------------------------
+    def _resolve(self, w_action, w_sim, num_steps) -> tuple[float, float, int]:
+        d = self.sampling
+        return (float(d["w_action"] if w_action is None else w_action), float(d["w_sim"] if w_sim is None else w_sim),
+                int(d["num_steps"] if num_steps is None else num_steps))
+
     def _sigmas(self, num_steps: int, strength: float):
         self.scheduler.set_timesteps(num_steps)
         sigmas = self.scheduler.sigmas.float()  # (num_steps + 1,), last = 0
@@ -199,8 +220,8 @@ class TranslatorPipeline:
         return x
 
     @torch.no_grad()
-    def __call__(self, sim_video, actions, w_action: float = 1.0, w_sim: float = 1.0, num_steps: int = 20,
-                 strength: float = 1.0, seed: int = 0, overlap: int | None = None, controls: dict | None = None,
+    def __call__(self, sim_video, actions, w_action: float | None = None, w_sim: float | None = None,
+                 num_steps: int | None = None, strength: float = 1.0, seed: int = 0, overlap: int | None = None, controls: dict | None = None,
                  progress: bool = False) -> np.ndarray:
         """Translate ``sim_video`` uint8 (T, H, W, 3) [or (B, T, H, W, 3)] with raw ``actions`` (T, A)
         [or (B, T, A)] into uint8 pseudo-real frames of the same shape.
@@ -208,11 +229,13 @@ class TranslatorPipeline:
         Args:
             w_action, w_sim: guidance weights (1, 0: action-only; 0, 1: sim-only).
             num_steps: Euler steps for strength 1.
+            (None: this pipeline's ``sampling`` defaults, saved from its training config.)
             strength: < 1 starts from the sim video noised to that level (fewer steps, SDEdit).
             seed: the noise seed; the same seed gives the same frames.
             overlap: frames shared by consecutive windows of a long episode (default num_frames // 2).
             controls: {name: uint8 video} for a translator trained with control channels.
         """
+        w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
         batched, sim, act, ctrl, overlap = self.check_inputs(sim_video, actions, controls, w_action, w_sim,
                                                              num_steps, strength, overlap)
         B, L = sim.shape[:2]
@@ -269,8 +292,8 @@ class TranslatorPipeline:
         frames = tensor_to_video(out)[:, :L]
         return frames if batched else frames[0]
 
-    def translate_episode(self, episode, w_action: float = 1.0, w_sim: float = 1.0, num_steps: int = 20,
-                          strength: float = 1.0, seed: int = 0, **kwargs):
+    def translate_episode(self, episode, w_action: float | None = None, w_sim: float | None = None,
+                          num_steps: int | None = None, strength: float = 1.0, seed: int = 0, **kwargs):
         """A pseudo-real Episode from a sim Episode (its ``<camera>_sim`` frames and actions).
 
         Frames are resized to the translator's resolution; the result holds the generated
@@ -286,6 +309,7 @@ class TranslatorPipeline:
         sim = resize_video(episode.frames[key], self.resolution)
         controls = {c: resize_video(episode.frames[f"{key}_{c}"], self.resolution) for c in self.controls
                     if f"{key}_{c}" in episode.frames} or None
+        w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
         frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
                       strength=strength, seed=seed, controls=controls, **kwargs)
         src = episode.provenance

@@ -29,7 +29,7 @@ from comsim.episode import Episode
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, resize_video, split_episodes)
-from comsim.translator.model import CompositionalVideoDiT
+from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
 
@@ -43,6 +43,8 @@ class ModelConfig:
     patch_size: tuple[int, int, int] = (1, 4, 4)
     abs_pos_embed: bool = True  # absolute 2D sin-cos on top of the 3D RoPE
     action_fourier: int = 4  # sin/cos features of the actions (0: raw values only)
+    prediction_type: str = "velocity"  # velocity (v = noise - x0) | sample (x0, JiT-style; see model.py)
+    sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
     gradient_checkpointing: bool = False
 
 
@@ -131,6 +133,8 @@ class TranslatorConfig:
                 raise ValueError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
         if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"train.mixed_precision must be auto|no|bf16|fp16, got {t.mixed_precision!r}")
+        if self.model.prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"model.prediction_type must be one of {PREDICTION_TYPES}, got {self.model.prediction_type!r}")
         if self.codec.type not in ("pixel", "diffusers_vae"):
             raise ValueError(f"codec.type must be 'pixel' or 'diffusers_vae', got {self.codec.type!r}")
 
@@ -268,7 +272,8 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         action_dim=action_dim, num_frames=t, sample_size=(h, w), patch_size=tuple(m.patch_size), dim=m.dim,
         depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
-        action_fourier=m.action_fourier)
+        action_fourier=m.action_fourier, prediction_type=m.prediction_type,
+        sim_residual=m.sim_residual)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -283,10 +288,13 @@ def build_scheduler(cfg: TranslatorConfig):
 def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | None = None):
     return TranslatorPipeline(model, codec, build_scheduler(cfg), normalizer, camera=cfg.data.camera,
                               num_frames=cfg.data.num_frames, resolution=tuple(cfg.data.resolution),
-                              controls=tuple(cfg.data.controls), fps=fps, provenance=provenance)
+                              controls=tuple(cfg.data.controls), fps=fps, provenance=provenance,
+                              sampling={"num_steps": cfg.sampling.num_steps, "w_action": cfg.sampling.w_action,
+                                        "w_sim": cfg.sampling.w_sim})
 
 
-def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None):
+def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
+                       prediction_type: str = "velocity"):
     """One rectified-flow loss with independent condition dropout; all draws from ``generator``."""
     B, dev = x0.shape[0], x0.device
     noise = torch.randn(x0.shape, generator=generator).to(dev)
@@ -296,8 +304,10 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
     tt = t.view(B, 1, 1, 1, 1)
     x_t = (1 - tt) * x0 + tt * noise
     with autocast() if autocast is not None else contextlib.nullcontext():
-        v = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep)
-    return F.mse_loss(v.float(), (noise - x0).float())
+        out = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep)
+    # The loss is on the velocity whatever the model predicts (JiT: x-prediction, v-loss).
+    v = velocity_from_output(out.float(), x_t.float(), t, prediction_type)
+    return F.mse_loss(v, (noise - x0).float())
 
 
 def find_checkpoint(output_dir: Path, resume: str | None) -> Path | None:
@@ -415,7 +425,8 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
             else:
                 with torch.no_grad():
                     x0, sim_lat = codec.encode(target), encode_condition(codec, sim)
-            loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast)
+            loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast,
+                                          cfg.model.prediction_type)
             accelerator.backward(loss)
             if accelerator.sync_gradients and tc.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
