@@ -72,6 +72,11 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         vt = args[1] if args else Any
         return {k: _convert(v, vt, f"{where}.{k}") for k, v in value.items()}
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string; a float field means a number
+            try:
+                value = float(value)
+            except ValueError:
+                raise ConfigError(f"{where}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         return float(value)

@@ -13,7 +13,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 from safetensors.torch import load_file
 
-from comsim.config import apply_overrides, from_dict
+from comsim.config import ConfigError, apply_overrides, from_dict
 from comsim.translator.codec import DiffusersVAECodec, PixelCodec
 from comsim.translator.data import (ActionNormalizer, LatentWindowDataset, PairedWindowDataset, build_latent_cache,
                                    video_to_tensor)
@@ -66,6 +66,13 @@ def trained(tmp_path_factory):
     cfg = micro_cfg(out, "train.max_steps=150", "train.batch_size=8", "train.use_ema=false",
                     "train.checkpointing_steps=1000", "model.patch_size=[1,2,2]")
     return train(cfg)
+
+
+def test_overrides_read_exponents_as_numbers():
+    """`train.learning_rate=1e-3` on the command line is a number (YAML 1.1 alone reads it as text)."""
+    assert micro_cfg("unused", "train.learning_rate=1e-3").train.learning_rate == 1e-3
+    with pytest.raises(ConfigError, match="train.learning_rate: expected a number, got 'fast'"):
+        micro_cfg("unused", "train.learning_rate=fast")
 
 
 # -- model -------------------------------------------------------------------------------------
