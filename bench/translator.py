@@ -205,7 +205,8 @@ def main(argv=None):
     p.add_argument("--camera", default=None, help="camera short name (default: the config's)")
     p.add_argument("--model", default=None, help="a trained pipeline folder: skip training")
     p.add_argument("--out", default="runs/bench-translator")
-    p.add_argument("--minutes", type=float, default=12.0, help="training wall-time cap")
+    p.add_argument("--minutes", type=float, default=None, help="training wall-time cap (default: the config's "
+                   "train.max_minutes)")
     p.add_argument("--frames", type=int, default=24, help="frames per held-out episode scored")
     p.add_argument("--num-steps", type=int, default=None, help="sampling steps (default: the config's)")
     p.add_argument("--threads", type=int, default=2)
@@ -214,7 +215,8 @@ def main(argv=None):
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    overrides = [f"train.output_dir={args.out}", f"train.max_minutes={args.minutes}", *args.overrides]
+    overrides = [f"train.output_dir={args.out}", *([f"train.max_minutes={args.minutes}"] if args.minutes else []),
+                 *args.overrides]
     data = args.data
     if data == ["lab"]:
         data = lab_pairs(args.pairs, args)

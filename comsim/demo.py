@@ -31,14 +31,13 @@ class DemoProfile:
     translator_config: str = "configs/translator/tiny_lab.yaml"
     translator_steps: int = 900
     translator_minutes: float = 9.0
-    sampling_steps: int = 8  # tiny_lab's own sampling.num_steps (20 scored lower, and 2.5x slower)
     policy_experiment: str = "configs/experiments/demo_small.yaml"
 
 
 PROFILES = {
     "small": DemoProfile(),
     "full": DemoProfile(real_episodes=10, sim_episodes=200, translator_config="configs/translator/small.yaml",
-                        translator_steps=20000, translator_minutes=600.0, sampling_steps=30,
+                        translator_steps=20000, translator_minutes=600.0,
                         policy_experiment="configs/experiments/compsim_table.yaml"),
 }
 
@@ -153,7 +152,7 @@ def _convert(model_dir: Path, sim_dir: Path, pseudo_dir: Path, p: DemoProfile) -
     from comsim.convert import convert_dataset
 
     if not _done(pseudo_dir):
-        convert_dataset(model_dir, sim_dir, pseudo_dir, steps=p.sampling_steps, workers=2, seed=0)
+        convert_dataset(model_dir, sim_dir, pseudo_dir, workers=2, seed=0)  # the translator's own sampling
 
 
 def _heldout_indices(paired_dir: Path) -> list[int]:
@@ -182,7 +181,7 @@ def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path:
             ep = ds.read_episode(i, cameras=[cam, f"{cam}_sim"])
             sim = resize_video(ep.frames[f"{cam}_sim"], (H, W))
             real = resize_video(ep.frames[cam], (H, W))
-            fake = pipe(sim, ep.action, num_steps=p.sampling_steps, seed=i)
+            fake = pipe(sim, ep.action, seed=i)
             for k, frames in (("pseudo", fake), ("sim_only", sim), ("real", real)):
                 ep_k = type(ep)(frames={cam: frames}, action=ep.action, state=ep.state, fps=ep.fps,
                                 task=ep.task, provenance=ep.provenance)
