@@ -71,12 +71,15 @@ def load_with_lines(path: str | Path) -> LineDict:
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     text = path.read_text()
+    loader = _LineLoader(text)  # a SafeLoader: standard tags only (tests/test_factory.py tries a python tag)
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass (tested)
+        data = loader.get_single_data()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
         raise ConfigError(f"{where}: not valid YAML: {getattr(e, 'problem', e)}") from e
+    finally:
+        loader.dispose()
     if not isinstance(data, dict):
         raise ConfigError(f"{path}:1: top level must be a mapping, got {type(data).__name__}")
     return data

@@ -42,4 +42,4 @@ def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: fl
     # The coefficients sum to 1 and the map to a velocity is affine in the output: composing
     # x0 predictions and then converting equals converting each branch, then composing.
     return velocity_from_output(out, latents.float(), timestep.float() / 1000.0,
-                                getattr(model, "config").prediction_type)
+                                model.config.prediction_type)
