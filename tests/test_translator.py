@@ -325,9 +325,15 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     for name in ("checkpoint-6/model.safetensors", "final/transformer/diffusion_pytorch_model.safetensors"):
         a, b = load_file(tmp_path / "full" / name), load_file(tmp_path / "cut" / name)
         assert all(torch.equal(a[k], b[k]) for k in a), name
-    oa = torch.load(tmp_path / "full/checkpoint-6/optimizer.bin", weights_only=False)["state"]
-    ob = torch.load(tmp_path / "cut/checkpoint-6/optimizer.bin", weights_only=False)["state"]
+    oa = torch.load(tmp_path / "full/checkpoint-6/optimizer.bin", weights_only=True)["state"]
+    ob = torch.load(tmp_path / "cut/checkpoint-6/optimizer.bin", weights_only=True)["state"]
     assert all(torch.equal(oa[i]["exp_avg_sq"], ob[i]["exp_avg_sq"]) for i in oa)
+    ea, eb = load_file(tmp_path / "full/checkpoint-6/ema.safetensors"), load_file(tmp_path / "cut/checkpoint-6/ema.safetensors")
+    assert len(ea) > 0 and all(torch.equal(ea[k], eb[k]) for k in ea)
+    for name in ("ema.json", "lr_scheduler.json"):
+        assert (tmp_path / "full/checkpoint-6" / name).read_text() == (tmp_path / "cut/checkpoint-6" / name).read_text()
+    # nothing in a checkpoint needs unpickling beyond accelerate's weights_only loads
+    assert not list((tmp_path / "cut").rglob("custom_checkpoint_*"))
     assert full.name == resumed.name == "final"
 
 

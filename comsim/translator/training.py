@@ -389,13 +389,15 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
         ema = EMAModel(model.parameters(), decay=tc.ema_decay, model_cls=CompositionalVideoDiT,
                        model_config=model.config)
         ema.to(dev)
-        accelerator.register_for_checkpointing(ema)
-    accelerator.register_for_checkpointing(lr_scheduler)  # stepped by hand, once per optimizer step
+    # EMA and LR schedule are saved by save_checkpoint as safetensors + JSON, not through
+    # accelerate's register_for_checkpointing: that one unpickles them (weights_only=False) on resume,
+    # and a checkpoint folder may come from a user.
     model, optimizer = accelerator.prepare(model, optimizer)
 
     global_step = 0
     if checkpoint is not None:
         accelerator.load_state(str(checkpoint))
+        load_extra_state(checkpoint, ema, lr_scheduler)
         global_step = int(checkpoint.name.split("-")[1])
         accelerator.print(f"resumed from {checkpoint} at step {global_step}")
     elif resume_from_checkpoint:
@@ -460,7 +462,7 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
         last = global_step >= tc.max_steps or out_of_time
         stop_now = stop_at_step is not None and global_step >= stop_at_step
         if global_step % tc.checkpointing_steps == 0 or last or stop_now:
-            save_checkpoint(accelerator, out, global_step, tc.checkpoints_total_limit, cfg_json)
+            save_checkpoint(accelerator, out, global_step, tc.checkpoints_total_limit, cfg_json, ema, lr_scheduler)
         if accelerator.is_main_process and val_ds is not None and (global_step % tc.validation_steps == 0 or last):
             with ema_weights(ema, accelerator.unwrap_model(model)):
                 validate(cfg, accelerator, make_pipeline(cfg, accelerator.unwrap_model(model), codec, normalizer, fps),
@@ -500,7 +502,20 @@ class ema_weights:
             self.ema.restore(self.model.parameters())
 
 
-def save_checkpoint(accelerator, out: Path, step: int, limit: int | None, cfg_json: dict) -> None:
+def load_extra_state(checkpoint: Path, ema, lr_scheduler) -> None:
+    """The EMA and LR-schedule state written by save_checkpoint (safetensors + JSON: nothing unpickled)."""
+    from safetensors.torch import load_file
+
+    lr_scheduler.load_state_dict(json.loads((checkpoint / "lr_scheduler.json").read_text()))
+    if ema is not None:
+        state = json.loads((checkpoint / "ema.json").read_text())
+        shadow = load_file(str(checkpoint / "ema.safetensors"))
+        state["shadow_params"] = [shadow[str(i)] for i in range(len(shadow))]
+        ema.load_state_dict(state)
+
+
+def save_checkpoint(accelerator, out: Path, step: int, limit: int | None, cfg_json: dict, ema=None,
+                    lr_scheduler=None) -> None:
     from accelerate.utils import DistributedType
 
     if not (accelerator.is_main_process or accelerator.distributed_type == DistributedType.DEEPSPEED):
@@ -515,6 +530,16 @@ def save_checkpoint(accelerator, out: Path, step: int, limit: int | None, cfg_js
     shutil.rmtree(tmp, ignore_errors=True)
     accelerator.save_state(str(tmp))
     (tmp / "translator_config.json").write_text(json.dumps(cfg_json, indent=2))
+    if accelerator.is_main_process:
+        from safetensors.torch import save_file
+
+        if lr_scheduler is not None:
+            (tmp / "lr_scheduler.json").write_text(json.dumps(lr_scheduler.state_dict()))
+        if ema is not None:
+            state = ema.state_dict()
+            save_file({str(i): p.detach().cpu().contiguous() for i, p in enumerate(state.pop("shadow_params"))},
+                      str(tmp / "ema.safetensors"))
+            (tmp / "ema.json").write_text(json.dumps(state))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 
