@@ -4,27 +4,34 @@ Builds ``RUN_DIR/report.html`` (clips under ``RUN_DIR/report_media/``) from what
 folder holds, in the layout ``comsim demo`` writes::
 
     lab/                      lab (real stand-in) LeRobot dataset
-    paired/                   twin replay: real + twin-render videos per episode
+    paired/                   twin replay: real + twin-render videos per episode, the alignment
+                              (twin_alignment.json, alignment_report.json, report/*.png)
     twin/summary.json         twin alignment summary
-    translator/final/         trained translator
+    translator/               training output: train_summary.json, validation/, final/ (the translator)
     sim/                      factory episodes (sim)
-    pseudo_real/              factory episodes converted: <cam> pseudo-real, <cam>_sim
+    pseudo_real/              factory episodes converted: <cam> pseudo-real, <cam>_sim; conversion.json
     heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
     metrics.json              {comparison: evaluate_video report} (or one report)
     policy/results.json       policy experiment (or results.json at the top, as eval_policy writes)
     stages.json               {"timings": {stage: s}, "failures": {stage: reason}} (demo)
 
-Whatever is missing is shown as "not run"; a dataset that cannot be read is shown with
-its error. The page opens from disk (relative links, no server).
+Each stage's section shows its evidence (``twin.py``, ``translator.py``, ``policy.py``;
+convert and the metrics here); a part with nothing to show says why ("not run: ...",
+"not written: ..."); an input that cannot be read is shown with its error. The page opens
+from disk (relative links into ``report_media/``, no server).
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
-from comsim.report.html import Report, bar_chart_svg
+from comsim.convert import HEADER_FILE
+from comsim.report.html import Report, fmt_seconds, read_json
+from comsim.report.plots import bar_chart_svg
+from comsim.report.policy import policy_section
+from comsim.report.translator import SUMMARY as TRAIN_SUMMARY, translator_section
+from comsim.report.twin import twin_section
 
 PAGE, MEDIA = "report.html", "report_media"
 
@@ -46,11 +53,15 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
     if not run.is_dir():
         raise FileNotFoundError(f"{run}: run folder not found (give the --out folder of `comsim demo`, or an "
                                 "experiment's output folder)")
-    stages = _read_json(run / "stages.json") or {}
-    timings, failures = stages.get("timings", {}) or {}, stages.get("failures", {}) or {}
     rep = Report(run, title=title or f"ComSim report: {run.resolve().name}", page=PAGE, media=MEDIA)
     rep.text(f"Run folder {run.resolve()}; report built {time.strftime('%Y-%m-%d %H:%M:%S')}. "
-             "Built by `comsim report`; parts the run did not produce are marked 'not run'.")
+             "Built by `comsim report`; parts the run did not produce say why.")
+    try:
+        stages = read_json(run / "stages.json") or {}
+    except ValueError as e:
+        rep.warn(f"stage log unreadable: {e}")
+        stages = {}
+    timings, failures = stages.get("timings", {}) or {}, stages.get("failures", {}) or {}
 
     rep.heading("Stages")
     rep.table(_stage_rows(run, timings, failures), cls="stages")
@@ -61,25 +72,17 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
 
     rep.heading("Videos: sim | pseudo-real | real")
     if not _section(rep, _videos, run, max_episodes):
-        rep.text("not run: no held-out, factory, paired or lab episodes in this run folder.")
+        rep.absent("not run: no held-out, factory, paired or lab episodes in this run folder.")
+    for heading, fn, args in (("Twin alignment", twin_section, ()), ("Translator training", translator_section, ()),
+                              ("Convert", _convert, (timings,)), ("Video metrics", _metrics, ()),
+                              ("Policy experiment", policy_section, ())):
+        rep.heading(heading)
+        _section(rep, fn, run, *args)
 
-    rep.heading("Video metrics")
-    _section(rep, _metrics, run)
-
-    rep.heading("Policy experiment")
-    _section(rep, _policy, run)
-
-    twin = _read_json(run / "twin" / "summary.json")
-    rep.heading("Twin alignment")
-    flat = {k: v for k, v in (twin or {}).items() if not isinstance(v, (dict, list))}
-    if flat:
-        rep.table([flat])
-    else:
-        rep.text("not run")
-
-    if timings:
-        rep.heading("Timings (s)")
-        rep.table([timings])
+    other = {k: fmt_seconds(v) for k, v in timings.items() if k not in {s[0] for s in STAGES}}
+    if other:
+        rep.heading("Other timings")
+        rep.table([other], caption="wall time of the steps not in the stage table (stages.json)")
     return rep.write()
 
 
@@ -88,7 +91,7 @@ def _section(rep: Report, fn, *args):
     try:
         return fn(rep, *args)
     except (ValueError, OSError, KeyError, TypeError) as e:
-        rep.text(f"error while reading this part: {type(e).__name__}: {e}")
+        rep.warn(f"error while reading this part: {type(e).__name__}: {e}")
         return 1
 
 
@@ -102,14 +105,29 @@ def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
         elif kind == "dataset" and (path / "meta" / "info.json").is_file():
             n = _dataset_len(path)
             status = f"done ({n} episodes)" if isinstance(n, int) else f"error: {n}"
+        elif name == "translator training" and (run / "translator" / TRAIN_SUMMARY).is_file():
+            status = _training_status(run / "translator" / TRAIN_SUMMARY, path.is_file())
         elif kind == "file" and path.is_file():
             status = "done"
         elif name == "policy experiment" and (run / "results.json").is_file():
             status, rel = "done", "results.json"
         else:
             status = "not run"
-        rows.append({"stage": name, "output": rel, "status": status, "time (s)": timings.get(name, "-")})
+        rows.append({"stage": name, "output": rel, "status": status, "time": fmt_seconds(timings.get(name))})
     return rows
+
+
+def _training_status(summary: Path, final: bool) -> str:
+    try:
+        doc = read_json(summary)
+    except ValueError as e:
+        return f"error: {e}"
+    if not isinstance(doc, dict):
+        return f"error: {summary}: expected a JSON object"
+    done, planned = doc.get("steps_done"), doc.get("steps_planned")
+    if doc.get("stopped_early"):
+        return f"stopped early at step {done} of {planned}: {doc.get('stop_reason') or 'reason not recorded'}"
+    return f"done ({done} of {planned} steps)" if final else f"running or killed at step {done} of {planned}"
 
 
 def _dataset_len(path: Path):
@@ -197,9 +215,9 @@ def _videos(rep: Report, run: Path, k: int) -> int:
 
 # -- metrics ------------------------------------------------------------------------------------
 def _metrics(rep: Report, run: Path) -> None:
-    doc = _read_json(run / "metrics.json")
+    doc = read_json(run / "metrics.json")
     if not isinstance(doc, dict) or not doc:
-        rep.text("not run")
+        rep.absent("not run: no metrics.json (written by eval/eval_video.py or `comsim demo`)")
         return
     reports = {"pred vs ref": doc} if "metrics" in doc and "pred" in doc else doc
     rows, values = [], {}
@@ -221,38 +239,38 @@ def _metrics(rep: Report, run: Path) -> None:
         rep.raw("<div class='row'>" + "".join(charts) + "</div>")
 
 
-# -- policy -------------------------------------------------------------------------------------
-def _policy(rep: Report, run: Path) -> None:
-    doc = _read_json(run / "policy" / "results.json") or _read_json(run / "results.json")
-    if not isinstance(doc, dict) or "arms" not in doc:
-        rep.text("not run")
+# -- convert ------------------------------------------------------------------------------------
+def _convert(rep: Report, run: Path, timings: dict) -> None:
+    """Episodes, frames, frames/s and the guidance of ``comsim convert`` (pseudo_real/conversion.json)."""
+    out = run / "pseudo_real"
+    header = read_json(out / HEADER_FILE)
+    ds = _open(out)
+    if header is None and ds is None:
+        rep.absent("not run: no pseudo_real/ (written by `comsim convert`) in this run folder")
         return
-    arms = doc.get("arms") or []
-    panels = list(((doc.get("config") or {}).get("eval") or {}).get("panels") or
-                  dict.fromkeys(p for a in arms for p in (a.get("panels") or {})))
-    rows = doc.get("rows") or [{"arm": a.get("label") or a.get("name"), "status": a.get("status")} for a in arms]
-    rep.table(rows, caption=f"{doc.get('experiment', '')}: success rate with 95% Wilson interval "
-              "(successes/trials), per evaluation panel (id: in distribution, ood: out of distribution)")
-    claim = doc.get("claim")
-    if claim:
-        verdict = {True: "holds", False: "does not hold", None: "undecided"}.get(claim.get("holds"), "?")
-        rep.text(f"Claim: {claim.get('arm')} beats {', '.join(claim.get('beats', []))} on "
-                 f"{', '.join(claim.get('panels', []))} ({claim.get('rule', '')}): {verdict}.")
-    groups, whiskers = {}, {}
-    for p in panels:
-        for a in arms:
-            label = a.get("label") or a.get("name")
-            res = (a.get("panels") or {}).get(p) if a.get("status") == "done" else None
-            groups.setdefault(p, {})[label] = res["success_rate"] if res else None
-            if res and res.get("ci95"):
-                whiskers.setdefault(p, {})[label] = tuple(res["ci95"])
-    if any(v is not None for g in groups.values() for v in g.values()):
-        rep.raw("<div class='row'>" + bar_chart_svg(groups, title="Policy success rate", unit="95% interval",
-                                                     intervals=whiskers, vmax=1.0, percent=True) + "</div>")
+    if header is None:
+        rep.absent(f"guidance not recorded: {out / HEADER_FILE} is missing (not written by `comsim convert`?)")
+        header = {}
+    frames = ds.num_frames if ds is not None else None
+    row = {"episodes": len(ds) if ds is not None else f"not closed ({header.get('input_episodes', '?')} asked)",
+           "frames": frames if frames is not None else "-"}
+    fps, note = header.get("frames_per_second"), ""
+    seconds = header.get("elapsed_s")
+    if fps is None and frames and isinstance(timings.get("convert"), (int, float)) and timings["convert"] > 0:
+        seconds = timings["convert"]
+        fps = frames / seconds
+        note = ("frames/s: the dataset's frames over the convert stage's wall time in stages.json (convert records "
+                "no timing of its own; the stage time includes loading the translator and starting workers, so "
+                "the translation alone is faster)")
+    row["frames/s"] = f"{fps:.2f}" if isinstance(fps, (int, float)) else "not recorded"
+    row["time"] = fmt_seconds(seconds)
+    for k in ("w_action", "w_sim", "steps", "strength", "seed", "threads"):
+        row[{"steps": "sampling steps"}.get(k, k)] = header.get(k, "-")
+    row["translator"] = header.get("translator_hash", "-")
+    rep.table([row], caption="batch sim -> pseudo-real conversion (guidance: v = v_none + w_action (v_action - "
+                             "v_none) + w_sim (v_sim - v_none))")
+    if fps is None:
+        rep.absent("frames/s not recorded: conversion.json has no timing and stages.json no convert time")
+    elif note:
+        rep.text(note)
 
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None

@@ -1,0 +1,184 @@
+"""The report's policy section: success rates, and what the rollouts look like.
+
+Reads the experiment's ``results.json`` (``comsim.policy.experiment``) and, for every arm
+and panel, the panel's eval file in the arm's folder (``arms/<arm>-<hash>/eval-<panel>-<key>.json``)
+with its per-trial list: ``seed``, ``success``, ``start_xy``, ``final_xy`` (the main object's
+[x, y], or {object: [x, y]}), ``target_xy`` ([x, y] or null) and ``video`` (an mp4 path
+relative to the arm folder, or null). Older eval files without ``video`` get the rollout
+files that the evaluator names ``videos/<panel>_trialNNN.mp4``; without positions the plot
+says so.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from comsim.report.html import Report, fmt_seconds, missing_figure, read_json
+from comsim.report.plots import bar_chart_svg, top_view_svg
+
+
+def policy_section(rep: Report, run: Path) -> None:
+    path = next((p for p in (run / "policy" / "results.json", run / "results.json") if p.is_file()), None)
+    doc = read_json(path) if path else None
+    if not isinstance(doc, dict) or "arms" not in doc:
+        rep.absent("not run: no policy/results.json (written by the policy experiment, "
+                   "eval/eval_policy.py or `comsim demo`)")
+        return
+    arms = doc.get("arms") or []
+    panels = list(((doc.get("config") or {}).get("eval") or {}).get("panels") or
+                  dict.fromkeys(p for a in arms for p in (a.get("panels") or {})))
+    rows = doc.get("rows") or [{"arm": _label(a), "status": a.get("status")} for a in arms]
+    rep.table(rows, caption=f"{doc.get('experiment', '')}: success rate with 95% Wilson interval "
+              "(successes/trials), per evaluation panel (id: in distribution, ood: out of distribution)")
+    claim = doc.get("claim")
+    if claim:
+        verdict = {True: "holds", False: "does not hold", None: "undecided"}.get(claim.get("holds"), "?")
+        rep.text(f"Claim: {claim.get('arm')} beats {', '.join(claim.get('beats', []))} on "
+                 f"{', '.join(claim.get('panels', []))} ({claim.get('rule', '')}): {verdict}.")
+    groups, whiskers = {}, {}
+    for p in panels:
+        for a in arms:
+            res = (a.get("panels") or {}).get(p) if a.get("status") == "done" else None
+            groups.setdefault(p, {})[_label(a)] = res["success_rate"] if res else None
+            if res and res.get("ci95"):
+                whiskers.setdefault(p, {})[_label(a)] = tuple(res["ci95"])
+    if any(v is not None for g in groups.values() for v in g.values()):
+        rep.raw("<div class='row'>" + bar_chart_svg(groups, title="Policy success rate", unit="95% interval",
+                                                     intervals=whiskers, vmax=1.0, percent=True) + "</div>")
+    train = [{"arm": _label(a), "training steps": a["train"].get("steps"), "final loss": a["train"].get("final_loss"),
+              "step time": fmt_seconds(a["train"].get("step_time_s")), "training time": fmt_seconds(a["train"].get("wall_s")),
+              **{f"{p} eval time": fmt_seconds((a.get("panels") or {}).get(p, {}).get("wall_s")) for p in panels}}
+             for a in arms if a.get("status") == "done" and isinstance(a.get("train"), dict)]
+    rep.table(train, caption="training and evaluation per arm")
+    _rollouts(rep, path.parent, [a for a in arms if a.get("status") == "done"], panels)
+
+
+def _label(arm: dict) -> str:
+    return str(arm.get("label") or arm.get("name"))
+
+
+# -- rollouts ------------------------------------------------------------------------------------
+def _rollouts(rep: Report, exp_dir: Path, arms: list[dict], panels: list[str]) -> None:
+    rep.heading("Rollouts", 3)
+    if not arms:
+        rep.absent("no arm finished: nothing was rolled out")
+        return
+    found = {}  # (arm, panel) -> (arm dir, eval doc or None, why not)
+    for a in arms:
+        adir = _arm_dir(exp_dir, a)
+        for p in panels:
+            found[a["name"], p] = (adir, *_eval_doc(adir, a, p))
+    plots = {k: _positions(v[1]) for k, v in found.items() if v[1] is not None}
+    pts = [xy for trials in plots.values() if trials for t in trials
+           for xy in (t["start"], t["final"], t["target"]) if xy is not None]
+    bounds = _bounds(pts) if pts else None
+    rep.text("Per arm and panel: one successful and one failed rollout (the first of each recorded), and every "
+             "trial's main object from its start (ring) to its final position (dot) against the target (cross), "
+             "seen from above with the robot below; all plots share one scale.")
+    for a in arms:
+        rep.heading(_label(a), 4)
+        for p in panels:
+            adir, ev, why = found[a["name"], p]
+            if ev is None:
+                rep.row([missing_figure(why, f"{p}: successful rollout"), missing_figure(why, f"{p}: failed rollout")])
+                continue
+            trials = [t for t in ev.get("trials") or [] if isinstance(t, dict)]
+            figs = [_video(rep, adir, p, trials, True), _video(rep, adir, p, trials, False)]
+            tv = plots.get((a["name"], p))
+            res = (a.get("panels") or {}).get(p) or {}
+            title = f"{p}: {res.get('successes', '?')}/{res.get('n_trials', '?')} successes"
+            if tv:
+                figs.append(top_view_svg(tv, bounds, title))
+            else:
+                figs.append(missing_figure("no per-trial positions recorded" if trials else
+                                           "no per-trial list in this eval file (an older evaluator)", title))
+            rep.row(figs)
+
+
+def _arm_dir(exp_dir: Path, arm: dict) -> Path | None:
+    d = arm.get("dir")
+    if not d:
+        return None
+    for cand in (exp_dir / "arms" / Path(d).name, Path(d)):  # the run folder may have moved
+        if cand.is_dir():
+            return cand
+    return None
+
+
+def _eval_doc(adir: Path | None, arm: dict, panel: str):
+    """(eval doc, None) or (None, why not). The panel's file is the one whose wall time is the
+    one results.json reports (its name's key hashes an eval config the report does not know)."""
+    if adir is None:
+        return None, f"arm folder {arm.get('dir')} not found"
+    files = sorted(adir.glob(f"eval-{panel}-*.json"))
+    if not files:
+        return None, f"no eval-{panel}-*.json in {adir.name}"
+    want = ((arm.get("panels") or {}).get(panel) or {}).get("wall_s")
+    docs = [(f, read_json(f)) for f in files]
+    for f, d in docs:
+        if isinstance(d, dict) and want is not None and d.get("wall_s") == want:
+            return d, None
+    f, d = max(docs, key=lambda fd: fd[0].stat().st_mtime)
+    return (d, None) if isinstance(d, dict) else (None, f"{f.name}: not a JSON object")
+
+
+def _video(rep: Report, adir: Path, panel: str, trials: list[dict], success: bool) -> str:
+    kind = "successful" if success else "failed"
+    mine = [t for t in trials if bool(t.get("success")) == success]
+    label = f"{panel}: {kind} rollout"
+    if not mine:
+        return missing_figure(f"no {kind} trial ({len(trials)} trials)" if trials else "no per-trial list", label)
+    for t in mine:
+        v = t.get("video")
+        if "video" not in t and "trial" in t:  # older eval files: the evaluator's own file name
+            v = f"videos/{panel}_trial{int(t['trial']):03d}.mp4"
+        if v and (adir / v).is_file():
+            return rep.video_figure(adir / v, f"{label}: trial {t.get('trial', '?')}, seed {t.get('seed', '?')}")
+    return missing_figure(f"no video of a {kind} trial recorded", label)
+
+
+def _positions(ev: dict) -> list[dict] | None:
+    """Trials as top-view points of the main object (None if the eval file has no positions).
+    Positions given per object ({name: [x, y]}) use the object that moved most on average."""
+    trials = [t for t in ev.get("trials") or [] if isinstance(t, dict) and t.get("start_xy") and t.get("final_xy")]
+    if not trials:
+        return None
+    obj = None
+    if all(isinstance(t["start_xy"], dict) for t in trials):
+        names = {n for t in trials for n in t["start_xy"] if n in t["final_xy"]}
+        if not names:
+            return None
+        obj = max(sorted(names), key=lambda n: np.mean([_dist(t["start_xy"].get(n), t["final_xy"].get(n))
+                                                         for t in trials]))
+
+    def xy(v):
+        if isinstance(v, dict):
+            v = v.get(obj)
+        if isinstance(v, (list, tuple)) and len(v) >= 2 and all(isinstance(c, (int, float)) for c in v[:2]):
+            return float(v[0]), float(v[1])
+        return None
+
+    out = []
+    for t in trials:
+        s, f = xy(t["start_xy"]), xy(t["final_xy"])
+        if s is None or f is None:
+            continue
+        out.append({"start": s, "final": f, "target": xy(t.get("target_xy")), "success": bool(t.get("success")),
+                    "label": f"trial {t.get('trial', '?')} seed {t.get('seed', '?')}: "
+                             f"{'success' if t.get('success') else 'failure'}"})
+    return out or None
+
+
+def _dist(a, b) -> float:
+    if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
+        return 0.0
+    return math.hypot(float(a[0]) - float(b[0]), float(a[1]) - float(b[1]))
+
+
+def _bounds(points: list[tuple[float, float]]) -> tuple[float, float, float, float]:
+    p = np.asarray(points, np.float64)
+    lo, hi = p.min(0), p.max(0)
+    c, half = (lo + hi) / 2, max(float((hi - lo).max()) / 2 * 1.1, 0.05)
+    return c[0] - half, c[0] + half, c[1] - half, c[1] + half

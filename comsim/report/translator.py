@@ -1,0 +1,103 @@
+"""The report's translator section: how far did the training get, and what does it make?
+
+Reads ``translator/train_summary.json``, which the training loop writes into its output
+folder::
+
+    {"steps_planned": int, "steps_done": int, "stopped_early": bool, "stop_reason": str | null,
+     "loss": [[step, loss], ...], "sampling": {"num_steps", "w_action", "w_sim"},
+     "resolution": [H, W],
+     "validation": [{"step": int, "psnr": float, "grid": "validation/step-000600.png"}]}
+
+(the grid path is relative to that folder; its rows are sim | pseudo-real | real at the
+translator's native resolution), and ``translator/translator_config.json`` only to say why
+no validation ran.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from comsim.report.html import Report, fmt_number, read_json
+from comsim.report.plots import line_chart_svg
+
+SUMMARY = "train_summary.json"
+
+
+def translator_section(rep: Report, run: Path) -> None:
+    out = run / "translator"
+    doc = read_json(out / SUMMARY)
+    final = out / "final" / "translator.json"
+    if doc is None:
+        if not out.is_dir():
+            rep.absent("not run: no translator/ in this run folder")
+            return
+        rep.absent(f"training summary not written: no {out / SUMMARY} (a training from before the summary "
+                   "existed, or one still running or killed before its first checkpoint)")
+        meta = read_json(final)
+        if isinstance(meta, dict) and meta.get("sampling"):
+            rep.table([{"from": "final/translator.json", **meta["sampling"]}], caption="sampling settings")
+        return
+    if not isinstance(doc, dict):
+        raise ValueError(f"{out / SUMMARY}: expected a JSON object")
+    done, planned = doc.get("steps_done"), doc.get("steps_planned")
+    if doc.get("stopped_early"):
+        rep.warn(f"Stopped early at step {done} of {planned}: {doc.get('stop_reason') or 'reason not recorded'}. "
+                 "This translator is not the one its config asked for.")
+    elif isinstance(done, int) and isinstance(planned, int) and done >= planned:
+        rep.ok(f"Trained all {planned} planned steps.")
+    sampling = doc.get("sampling") or {}
+    res = doc.get("resolution")
+    rep.table([{"steps done / planned": f"{done} / {planned}",
+                "resolution (H x W)": "x".join(str(v) for v in res) if isinstance(res, list) else "-",
+                "sampling steps": sampling.get("num_steps", "-"), "w_action": sampling.get("w_action", "-"),
+                "w_sim": sampling.get("w_sim", "-"),
+                "final loss": _last(doc.get("loss")),
+                "final model": "final/" if final.is_file() else "not saved"}],
+              caption="translator training (sampling: the settings convert and the held-out metrics use unless "
+                      "told otherwise)")
+    loss = [(s, v) for s, v in (doc.get("loss") or [])]
+    charts = []
+    if loss:
+        series = {"loss": loss}
+        if len(loss) > 50:  # the raw curve is noisy: a running mean shows the trend
+            k = max(5, len(loss) // 20)
+            v = np.convolve([x for _, x in loss], np.ones(k) / k, mode="valid")
+            series[f"running mean of {k}"] = list(zip([s for s, _ in loss][k // 2:], v.tolist()))  # centred
+        charts.append(line_chart_svg(series, title="Training loss", xlabel="step"))
+    val = sorted((v for v in doc.get("validation") or [] if isinstance(v, dict)), key=lambda v: v.get("step", 0))
+    if len(val) > 1:
+        charts.append(line_chart_svg({"PSNR": [(v["step"], v["psnr"]) for v in val]},
+                                     title="Validation PSNR (pseudo-real vs real)", xlabel="step", ylabel="dB",
+                                     log_y=False))
+    if charts:
+        rep.raw("<div class='row'>" + "".join(charts) + "</div>")
+    else:
+        rep.absent("no loss recorded: the summary's 'loss' list is empty")
+    if not val:
+        rep.absent("no validation samples: " + _why_no_validation(out, done))
+        return
+    last = val[-1]
+    grid = out / str(last.get("grid") or "")
+    rep.text(f"Validation at step {last.get('step')}: PSNR {fmt_number(last.get('psnr'))} dB on held-out clips "
+             f"({len(val)} validation{'s' if len(val) > 1 else ''} in all).")
+    if last.get("grid") and grid.is_file():
+        rep.row([rep.image_figure(grid, f"step {last.get('step')}: rows sim | pseudo-real | real per clip, "
+                                        "frames left to right", min_width=480)])
+    else:
+        rep.absent(f"validation grid not written: {grid} does not exist")
+
+
+def _last(loss) -> str:
+    try:
+        return fmt_number(float(loss[-1][1]))
+    except (TypeError, IndexError, ValueError):
+        return "-"
+
+
+def _why_no_validation(out: Path, done) -> str:
+    cfg = read_json(out / "translator_config.json") or {}
+    every = (cfg.get("train") or {}).get("validation_steps")
+    if isinstance(every, int) and isinstance(done, int) and every > done:
+        return f"train.validation_steps is {every}, more than the {done} steps done"
+    return "the summary lists none"
