@@ -113,7 +113,7 @@ def _translator(run: Path, steps_done: int = 600, planned: int = 600, validation
             rel = f"validation/step-{step:06d}.png"
             (out / "validation").mkdir(parents=True, exist_ok=True)
             Image.fromarray(grid).save(out / rel)
-            val.append({"step": step, "psnr": 20.0 + step / 100, "grid": rel})
+            val.append({"step": step, "psnr": 20.0 + step / 100, "psnr_sim": 21.5, "grid": rel})
     _write_json(out / "train_summary.json", {
         "steps_planned": planned, "steps_done": steps_done, "stopped_early": steps_done < planned,
         "stop_reason": "max_minutes 9.0 reached" if steps_done < planned else None, "loss": loss,
@@ -133,7 +133,7 @@ def _trials(n: int, successes: set[int], videos: dict[int, str] | None, old: boo
                         "final_xy": {"cube": final, "target_marker": [0.7, 0.0]}})
         else:
             out.append({"trial": i, "seed": 1000 + i, "success": i in successes, "start_xy": start,
-                        "final_xy": final, "target_xy": [0.65, -0.05 + 0.02 * i],
+                        "final_xy": final, "target_xy": [0.65, -0.05 + 0.02 * i], "final_distance": 0.03,
                         "video": (videos or {}).get(i)})
     return out
 
@@ -242,7 +242,8 @@ def test_report_page_from_a_run_dir(report):
     assert "no truth available" not in twin
     translator = _section(page, "Translator training")
     for text in ("Trained all 600 planned steps", "600 / 600", "32x32", "Training loss", "running mean of 30",
-                 "Validation PSNR", "Validation at step 600: PSNR 26 dB", "native 128x192 px"):
+                 "Validation PSNR", "raw sim vs real", "Validation at step 600: PSNR 26 dB (raw sim 21.5 dB)",
+                 "native 128x192 px"):
         assert text in translator, text
     assert "Stopped early" not in translator
     convert = _section(page, "Convert")
@@ -252,7 +253,7 @@ def test_report_page_from_a_run_dir(report):
     assert policy.count("aria-label='id:") + policy.count("aria-label='ood:") == 3  # top views with positions
     for text in ("no per-trial list in this eval file", "no video of a successful trial recorded",
                  "id: successful rollout: trial 1, seed 1001", "id: failed rollout: trial 0, seed 1000",
-                 "ood: failed rollout: trial 0", "2 min 36 s"):
+                 "ood: failed rollout: trial 0", "2 min 36 s", "ends 3.0 cm from the target"):
         assert text in policy, text
 
     # rebuilding replaces the page atomically and drops media it no longer uses

@@ -37,7 +37,7 @@ video,img.media{width:192px;image-rendering:pixelated;border:1px solid #bbb;back
  border:1px dashed #bbb;color:#888;font-size:.85em;background:#fafafa;text-align:center;padding:0 6px;box-sizing:border-box}
 table{border-collapse:collapse;margin:.6em 0} td,th{border:1px solid #ccc;padding:4px 10px;text-align:left}
 th{background:#f3f3f3} td.num{text-align:right;font-variant-numeric:tabular-nums}
-caption{caption-side:top;text-align:left;color:#555;font-size:.9em;padding:.2em 0}
+p.tcap{margin:.8em 0 .2em}
 td.bad{color:#a11} td.skip{color:#a60} td.none{color:#888}
 p.note{color:#555;font-size:.9em} p.absent{color:#888;font-size:.9em;font-style:italic}
 p.warn{border-left:4px solid #c60;background:#fff4e5;padding:.5em .8em;font-weight:600;color:#7a3b00}
@@ -177,9 +177,10 @@ class Report:
         cols = list(dict.fromkeys(k for r in rows for k in r))
         head = "".join(f"<th>{html.escape(str(c))}</th>" for c in cols)
         body = "".join("<tr>" + "".join(_td(r.get(c, "")) for c in cols) + "</tr>" for r in rows)
-        cap = f"<caption>{html.escape(caption)}</caption>" if caption else ""
+        # The caption goes above as a paragraph: a <caption> is as narrow as its table and wraps.
+        cap = f"<p class='note tcap'>{html.escape(caption)}</p>" if caption else ""
         klass = f" class='{html.escape(cls)}'" if cls else ""
-        self._body.append(f"<table{klass}>{cap}<tr>{head}</tr>{body}</table>")
+        self._body.append(f"{cap}<table{klass}><tr>{head}</tr>{body}</table>")
 
     def write(self) -> Path:
         page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(self.title)}</title>"

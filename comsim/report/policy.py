@@ -49,6 +49,7 @@ def policy_section(rep: Report, run: Path) -> None:
                                                      intervals=whiskers, vmax=1.0, percent=True) + "</div>")
     train = [{"arm": _label(a), "training steps": a["train"].get("steps"), "final loss": a["train"].get("final_loss"),
               "step time": fmt_seconds(a["train"].get("step_time_s")), "training time": fmt_seconds(a["train"].get("wall_s")),
+              **({"training CPU time": fmt_seconds(a["train"]["cpu_s"])} if a["train"].get("cpu_s") else {}),
               **{f"{p} eval time": fmt_seconds((a.get("panels") or {}).get(p, {}).get("wall_s")) for p in panels}}
              for a in arms if a.get("status") == "done" and isinstance(a.get("train"), dict)]
     rep.table(train, caption="training and evaluation per arm")
@@ -167,8 +168,12 @@ def _positions(ev: dict) -> list[dict] | None:
             continue
         out.append({"start": s, "final": f, "target": xy(t.get("target_xy")), "success": bool(t.get("success")),
                     "label": f"trial {t.get('trial', '?')} seed {t.get('seed', '?')}: "
-                             f"{'success' if t.get('success') else 'failure'}"})
+                             f"{'success' if t.get('success') else 'failure'}" + _distance(t.get("final_distance"))})
     return out or None
+
+
+def _distance(d) -> str:
+    return f", ends {100 * d:.1f} cm from the target" if isinstance(d, (int, float)) else ""
 
 
 def _dist(a, b) -> float:

@@ -67,9 +67,11 @@ def translator_section(rep: Report, run: Path) -> None:
         charts.append(line_chart_svg(series, title="Training loss", xlabel="step"))
     val = sorted((v for v in doc.get("validation") or [] if isinstance(v, dict)), key=lambda v: v.get("step", 0))
     if len(val) > 1:
-        charts.append(line_chart_svg({"PSNR": [(v["step"], v["psnr"]) for v in val]},
-                                     title="Validation PSNR (pseudo-real vs real)", xlabel="step", ylabel="dB",
-                                     log_y=False))
+        series = {"pseudo-real vs real": [(v["step"], v["psnr"]) for v in val]}
+        if all(isinstance(v.get("psnr_sim"), (int, float)) for v in val):
+            series["raw sim vs real (the bar to beat)"] = [(v["step"], v["psnr_sim"]) for v in val]
+        charts.append(line_chart_svg(series, title="Validation PSNR on held-out clips", xlabel="step",
+                                     ylabel="PSNR (dB)", log_y=False))
     if charts:
         rep.raw("<div class='row'>" + "".join(charts) + "</div>")
     else:
@@ -79,10 +81,12 @@ def translator_section(rep: Report, run: Path) -> None:
         return
     last = val[-1]
     grid = out / str(last.get("grid") or "")
-    rep.text(f"Validation at step {last.get('step')}: PSNR {fmt_number(last.get('psnr'))} dB on held-out clips "
+    raw = f" (raw sim {fmt_number(last['psnr_sim'])} dB)" if isinstance(last.get("psnr_sim"), (int, float)) else ""
+    rep.text(f"Validation at step {last.get('step')}: PSNR {fmt_number(last.get('psnr'))} dB{raw} on held-out clips "
              f"({len(val)} validation{'s' if len(val) > 1 else ''} in all).")
     if last.get("grid") and grid.is_file():
-        rep.row([rep.image_figure(grid, f"step {last.get('step')}: rows sim | pseudo-real | real per clip, "
+        size = f" at the translator's {'x'.join(str(v) for v in res)} px" if isinstance(res, list) else ""
+        rep.row([rep.image_figure(grid, f"step {last.get('step')}: rows sim | pseudo-real | real per clip{size}, "
                                         "frames left to right", min_width=480)])
     else:
         rep.absent(f"validation grid not written: {grid} does not exist")
