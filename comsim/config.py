@@ -6,6 +6,7 @@ fall back to a default). ``apply_overrides`` takes ``a.b.c=value`` strings from 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from pathlib import Path
@@ -13,11 +14,13 @@ from typing import Any, TypeVar
 
 import yaml
 
+from comsim.errors import ComSimError
+
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
-    pass
+class ConfigError(ComSimError, ValueError):
+    """A config file or value is not what its dataclass expects; the message names the file and key."""
 
 
 def load_yaml(path: str | Path) -> dict:
@@ -79,6 +82,8 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 raise ConfigError(f"{where}: expected a number, got {value!r}") from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(value):  # YAML's .nan/.inf: NaN passes every range check that follows
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):

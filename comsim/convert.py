@@ -37,8 +37,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
+from comsim.errors import ComSimError
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
 from comsim.io.files import write_json
+from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
 
 HEADER_FILE = "conversion.json"
 RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "seed")
@@ -46,7 +48,7 @@ RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim"
 _WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
 
 
-class ConversionError(ValueError):
+class ConversionError(ComSimError, ValueError):
     """The input dataset does not fit the translator (or the output belongs to another conversion)."""
 
 
@@ -68,12 +70,61 @@ def translator_hash(model_dir: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
-    """Translator metadata (translator.json) after checking the input against it; raises ConversionError."""
+def translator_meta(model_dir: Path) -> dict:
+    """translator.json of a pipeline folder, its fields checked (they name files and shapes)."""
     meta_path = Path(model_dir) / "translator.json"
     if not meta_path.is_file():
         raise ConversionError(f"{model_dir}: not a translator pipeline folder (no translator.json)")
-    meta = json.loads(meta_path.read_text())
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{meta_path}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise ConversionError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+
+    def need(key, ok, expected):
+        if key not in meta or not ok(meta[key]):
+            raise ConversionError(f"{meta_path}: {key}: expected {expected}, got {meta.get(key, 'nothing')!r}")
+
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    need("camera", lambda v: isinstance(v, str) and v, "the camera name the translator renders (e.g. 'front')")
+    safe_name(meta["camera"], meta_path, "camera")
+    need("action_dim", count, "a positive integer")
+    need("num_frames", count, "a positive integer")
+    need("resolution", lambda v: isinstance(v, list) and len(v) == 2 and all(map(count, v)), "[height, width]")
+    if "controls" in meta:
+        need("controls", lambda v: isinstance(v, list) and all(isinstance(c, str) for c in v), "a list of names")
+        for c in meta["controls"]:
+            safe_name(c, meta_path, "controls")
+    if "fps" in meta:
+        need("fps", lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, "frames/s > 0")
+    return meta
+
+
+def load_translator(model_dir: Path, device: str = "cpu"):
+    """The pipeline in ``model_dir``, or a ConversionError naming the folder (a broken checkpoint is bad
+    input here, found before anything is written)."""
+    import safetensors
+
+    from comsim.translator.pipeline import TranslatorPipeline
+
+    translator_meta(model_dir)
+    try:
+        return TranslatorPipeline.from_pretrained(model_dir, device)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, json.JSONDecodeError,
+            safetensors.SafetensorError) as e:
+        if isinstance(e, ConversionError):
+            raise
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise ConversionError(f"{model_dir}: the translator does not load ({type(e).__name__}: {first}); "
+                              "expected a folder written by TranslatorPipeline.save_pretrained") from e
+
+
+def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
+    """Translator metadata (translator.json) after checking the input against it; raises ConversionError."""
+    meta = translator_meta(model_dir)
     feats, where = ds.features, f"{ds.root}/meta/info.json"
     a_dim = int(np.prod(feats.get("action", {}).get("shape", [0])))
     if a_dim != meta["action_dim"]:
@@ -90,8 +141,11 @@ def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
         raise ConversionError(f"{where}: already has {IMAGE_PREFIX + cam} (real or pseudo-real frames); "
                               "convert takes a sim dataset, as written by `comsim generate`")
     if abs(float(meta.get("fps", ds.fps)) - float(ds.fps)) > 1e-6:
-        raise ConversionError(f"{where}: fps is {ds.fps} but the translator was trained at {meta['fps']} "
-                              "frames/s (its actions per frame would mean something else)")
+        raise ConversionError(f"{where}: fps: expected {meta['fps']} (the translator's {model_dir} frame rate; "
+                              f"its actions per frame would mean something else), got {ds.fps}")
+    if len(ds) == 0:
+        raise ConversionError(f"{where}: total_episodes: expected at least 1 episode to convert, got 0")
+    ds.check_finite()  # NaN actions would be translated into garbage frames without a word
     return meta
 
 
@@ -99,13 +153,11 @@ def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
     if _WORKER.get("key") != (model_dir, input_dir, device):
         import torch
 
-        from comsim.translator.pipeline import TranslatorPipeline
-
         torch.set_num_threads(threads)  # fixed: CPU reductions must not depend on the machine's cores
         if device.startswith("cuda"):
             torch.backends.cudnn.benchmark = False
             torch.backends.cuda.matmul.allow_tf32 = False
-        _WORKER.update(key=(model_dir, input_dir, device), pipe=TranslatorPipeline.from_pretrained(model_dir, device),
+        _WORKER.update(key=(model_dir, input_dir, device), pipe=load_translator(Path(model_dir), device),
                        ds=LeRobotDataset(input_dir, default_source="sim"))
     return _WORKER["pipe"], _WORKER["ds"]
 
@@ -167,6 +219,10 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         raise ConversionError(f"--shard-index must be in [0, {num_shards}), got {shard_index}")
     if workers < 1 or threads < 1:
         raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
+    check_output_path(output, "--output")
+    if is_inside(output, input) or is_inside(input, output):
+        raise ConversionError(f"{output}: --output: expected a folder outside --input {input} (and not holding "
+                              "it), got the same folder or one inside the other")
     ds = LeRobotDataset(input, default_source="sim")
     check_compatible(model, ds)
     from comsim.translator.pipeline import sampling_defaults
@@ -177,13 +233,16 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     steps = own["num_steps"] if steps is None else steps
     t_hash = translator_hash(model)
     guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength)}
-    header = {"model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
+    header = {"command": "comsim convert", "model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
               "input_episodes": len(ds), **guidance, "seed": int(seed), "threads": threads}
 
     state = _accelerate_state() if num_shards is None else None
     is_main = state is None or state.is_main_process
+    device = device or (str(state.device) if state is not None else "cpu")
     if is_main:
-        _check_resumable(output, header)
+        claim_output(output, HEADER_FILE, header, RESUME_KEYS, "comsim convert", "--output", ConversionError,
+                     made="holds a conversion made")
+        _load_worker(str(model), str(input), device, threads)  # a model that does not load: refused before writing
     writer = DatasetWriter(output, ds.fps, resume=True)
     if (output / "meta" / "info.json").is_file():  # closed before: nothing to do
         return _report(output, header, 0, 0, None)
@@ -196,7 +255,6 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         state.wait_for_everyone()  # everyone has the same to-do list before anyone stages an episode
     if num_shards is not None:
         todo = [i for i in todo if i % num_shards == shard_index]
-    device = device or (str(state.device) if state is not None else "cpu")
     t0 = time.perf_counter()
     if state is not None:
         with state.split_between_processes(todo) as mine:
@@ -234,18 +292,6 @@ def _run(todo, model, input, output, fps, seed, guidance, t_hash, device, thread
             pool.terminate()
             pool.join()
     return frames
-
-
-def _check_resumable(output: Path, header: dict) -> None:
-    path = output / HEADER_FILE
-    if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
-    if diff:
-        raise ConversionError(f"{output}: holds a conversion made with {({k: old.get(k) for k in diff})}, now "
-                              f"asked for {({k: header[k] for k in diff})}; resume with the same model, input, "
-                              "guidance and seed, or use a new folder")
 
 
 def _report(output, header, converted, frames, elapsed, closed=True, waiting_for=0) -> dict:

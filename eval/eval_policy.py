@@ -15,10 +15,18 @@ import json
 import sys
 from pathlib import Path
 
-from comsim.config import ConfigError
+from comsim.errors import exit_for
 
 
 def main(argv=None):
+    try:  # bad input: one line naming the file and key, exit 2; a bug keeps its traceback
+        _main(argv)
+    except Exception as e:
+        return exit_for(e, "eval_policy")
+    return 0
+
+
+def _main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--experiment", help="experiment YAML (configs/experiments/*.yaml)")
@@ -36,11 +44,8 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.experiment:
         from comsim.policy.experiment import load_experiment, run_experiment
-        try:
-            cfg = load_experiment(args.experiment, args.overrides)
-            run_experiment(cfg, arms=args.arms.split(",") if args.arms else None)
-        except ConfigError as e:
-            sys.exit(f"config error: {e}")
+        cfg = load_experiment(args.experiment, args.overrides)
+        run_experiment(cfg, arms=args.arms.split(",") if args.arms else None)
         print((Path(cfg.output_dir) / "results.md").read_text())
         return
     from comsim.policy.model import DiffusionPolicy
@@ -58,4 +63,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

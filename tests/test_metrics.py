@@ -11,6 +11,7 @@ Nothing is downloaded (an http URL is served from this process).
 """
 import ast
 import functools
+import hashlib
 import http.server
 import importlib.util
 import json
@@ -276,14 +277,20 @@ def test_fvd_features_follow_stylegan_v_and_url_download(tiny_i3d, tmp_path):
     handler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_port}/i3d_tiny.pt"
+    url = f"http://127.0.0.1:{server.server_port}/i3d_tiny.pt#sha256={hashlib.sha256(tiny_i3d.read_bytes()).hexdigest()}"
+    with pytest.raises(ValueError, match="downloads are opt-in"):
+        resolve_i3d(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(ValueError, match="pinned checksum"):
+        resolve_i3d(url.split("#")[0], cache_dir=tmp_path / "cache", allow_download=True)
     try:
-        got = resolve_i3d(url, cache_dir=tmp_path / "cache")
+        got = resolve_i3d(url, cache_dir=tmp_path / "cache", allow_download=True)
     finally:
         server.shutdown()
         server.server_close()
     assert got == tmp_path / "cache" / "i3d_tiny.pt" and got.read_bytes() == tiny_i3d.read_bytes()
-    assert resolve_i3d(url, cache_dir=tmp_path / "cache") == got  # server gone: the cache answers
+    assert resolve_i3d(url, cache_dir=tmp_path / "cache", allow_download=True) == got  # server gone: the cache answers
+    with pytest.raises(ValueError, match="sha256"):  # a cached file that changed is not loaded
+        resolve_i3d(url.split("#")[0] + "#sha256=" + "0" * 64, cache_dir=tmp_path / "cache", allow_download=True)
     with pytest.raises(FileNotFoundError, match="nope.pt"):
         I3DFeatures(tmp_path / "nope.pt")
 

@@ -12,7 +12,7 @@ Positional ``a.b=value`` arguments override the YAML (comsim.config.apply_overri
 import argparse
 import sys
 
-from comsim.config import ConfigError
+from comsim.errors import exit_for
 from comsim.translator.training import load_train_config, train
 
 
@@ -23,12 +23,13 @@ def main(argv=None):
     p.add_argument("--stop_at_step", type=int, default=None, help="stop after this step's checkpoint (no final save)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.max_steps=100")
     args = p.parse_args(argv)
-    try:
+    try:  # bad input: one line naming the file and key, exit 2; a bug keeps its traceback
         cfg = load_train_config(args.config, args.overrides)
-    except ConfigError as e:
-        sys.exit(f"config error: {e}")
-    train(cfg, resume_from_checkpoint=args.resume_from_checkpoint, stop_at_step=args.stop_at_step)
+        train(cfg, resume_from_checkpoint=args.resume_from_checkpoint, stop_at_step=args.stop_at_step)
+    except Exception as e:
+        return exit_for(e, "train_translator")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

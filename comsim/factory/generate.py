@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import shutil
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +29,8 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset
-from comsim.io.files import write_json
+from comsim.io.files import atomic_output, write_json
+from comsim.io.paths import check_output_path, claim_output
 from comsim.sim.spec import spec_hash
 
 HEADER_FILE = "generation.json"
@@ -128,19 +131,28 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if bad:
         raise ValueError(f"controls: {bad} unknown; known: {list(CONTROLS)}")
     _init_worker()
-    if scene is not None:
-        from comsim.factory.program import task_in_scene
+    out = check_output_path(out)
+    claim_output(out, HEADER_FILE, None, (), "comsim generate")  # a foreign folder is refused before any work
+    with tempfile.TemporaryDirectory() as tmp:
+        if scene is not None:  # retargeted in a scratch folder: nothing goes into `out` before it is claimed
+            from comsim.factory.program import load_program, task_in_scene
+            from comsim.sim.spec import load_scene_spec
 
-        task = task_in_scene(task, scene, Path(out) / TASK_FILE)
-    program = check_task(task, seed, split)
-    task_path = str(program.path.resolve())
-
-    out = Path(out)
-    header = {"task": program.name, "program": task_path, "program_hash": program.hash, "seed": seed,
-              "split": split, "only_success": only_success, "max_attempts": max_attempts if only_success else 1,
-              "controls": list(controls), "fps": program.fps, "camera": program.camera,
-              "twin_spec_hash": spec_hash(program.scene)}
-    _check_resumable(out, header)
+            load_program(task)  # errors name the user's files, not the scratch copy
+            load_scene_spec(scene)
+            task = task_in_scene(task, scene, Path(tmp) / TASK_FILE)
+        program = check_task(task, seed, split)
+        task_path = str((out / TASK_FILE).resolve() if scene is not None else program.path.resolve())
+        header = {"command": "comsim generate", "task": program.name, "program": task_path,
+                  "program_hash": program.hash, "seed": seed, "split": split, "only_success": only_success,
+                  "max_attempts": max_attempts if only_success else 1, "controls": list(controls),
+                  "fps": program.fps, "camera": program.camera, "twin_spec_hash": spec_hash(program.scene)}
+        resuming = claim_output(out, HEADER_FILE, header, RESUME_KEYS, "comsim generate", made="was generated")
+        if not resuming:
+            write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
+        if scene is not None:
+            with atomic_output(out / TASK_FILE) as dst:
+                shutil.copyfile(program.path, dst)
     writer = DatasetWriter(out, program.fps, resume=True)
     info = out / "meta" / "info.json"
     if info.is_file():
@@ -153,7 +165,6 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if beyond:
         raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
                          f"rerun with --episodes {max(beyond) + 1} or use a new folder")
-    write_json(header, out / HEADER_FILE)
 
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     jobs = [(task_path, str(out), program.fps, i, seed, split, only_success, header["max_attempts"], controls)
@@ -180,17 +191,6 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     elapsed = time.perf_counter() - t0
     writer.close()
     return write_report(out, header, workers, elapsed=elapsed, generated=len(jobs))
-
-
-def _check_resumable(out: Path, header: dict) -> None:
-    path = out / HEADER_FILE
-    if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
-    if diff:
-        raise ValueError(f"{out}: was generated with {({k: old.get(k) for k in diff})}, now asked for "
-                         f"{({k: header[k] for k in diff})}; resume with the same arguments or use a new folder")
 
 
 def write_report(out: Path, header: dict, workers: int, elapsed: float | None, generated: int = 0) -> dict:

@@ -39,7 +39,9 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
+from comsim.errors import ComSimError, InputError
 from comsim.io.files import atomic_output, write_json
+from comsim.io import paths
 from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, concat_videos, read_video,
                              video_info, write_video)
 
@@ -61,8 +63,22 @@ DEFAULT_FEATURES = {
 IMAGE_STATS_FRAMES = 10  # frames per episode sampled for the image statistics
 
 
-class DatasetError(ValueError):
+class DatasetError(ComSimError, ValueError):
     """A dataset on disk (or an episode written to it) is not what the format says."""
+
+
+def safe_name(name, file, field) -> str:
+    try:
+        return paths.safe_name(name, file, field)
+    except InputError as e:
+        raise DatasetError(str(e)) from None
+
+
+def contained(root, relative, file, field) -> Path:
+    try:
+        return paths.contained(root, relative, file, field)
+    except InputError as e:
+        raise DatasetError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- columns
@@ -102,6 +118,7 @@ def _episode_columns(ep: Episode) -> tuple[dict[str, np.ndarray], dict[str, dict
     feats = {k: {"dtype": str(v.dtype), "shape": list(v.shape[1:]) or [1], "names": None} for k, v in cols.items()}
     for cam in sorted(ep.frames):
         _, H, W, _ = ep.frames[cam].shape
+        safe_name(IMAGE_PREFIX + cam, None, "Episode.frames (camera name, used as a file name)")
         feats[IMAGE_PREFIX + cam] = {"dtype": "video", "shape": [H, W, 3], "names": ["height", "width", "channels"]}
     return cols, feats
 
@@ -251,6 +268,11 @@ class DatasetWriter:
             raise DatasetError(f"{where}: field 'timestamp' must be frame_index / fps (LeRobot finds video "
                                "frames by timestamp); resample the episode to a constant rate first")
         cols, feats = _episode_columns(ep)
+        for key, v in cols.items():  # a NaN target or state would train and replay into garbage
+            if v.dtype.kind == "f" and not np.all(np.isfinite(v)):
+                bad = np.nonzero(~np.isfinite(v.reshape(T, -1)).all(1))[0]
+                raise DatasetError(f"{where}: field {key!r}: expected finite numbers, got NaN/inf at frames "
+                                   f"{bad[:5].tolist()}{'...' if len(bad) > 5 else ''}")
         if self.features is None:
             staged = self._staged()
             if staged:
@@ -346,7 +368,7 @@ class DatasetWriter:
             chunk_i, file_i = divmod(g // self.episodes_per_file, self.chunks_size)
             loc = {"chunk_index": chunk_i, "file_index": file_i}
             # Data: one row group per episode, so a reader can fetch one episode cheaply.
-            with atomic_output(self.root / DATA_PATH.format(**loc)) as tmp:
+            with atomic_output(self._out(DATA_PATH.format(**loc))) as tmp:
                 writer = None
                 for i in group:
                     m = metas[i]
@@ -371,7 +393,7 @@ class DatasetWriter:
             # Videos: the staged mp4s back to back, packets copied (no second generation loss).
             for key in video_keys:
                 files = [staged[i] / f"{key}.mp4" for i in group]
-                counts = concat_videos(files, self.root / VIDEO_PATH.format(video_key=key, **loc), self.fps)
+                counts = concat_videos(files, self._out(VIDEO_PATH.format(video_key=key, **loc)), self.fps)
                 start = 0
                 for i, f, n in zip(group, files, counts):
                     if n != metas[i]["length"]:
@@ -389,7 +411,7 @@ class DatasetWriter:
         # Metadata; info.json goes last: a dataset without it is not a dataset.
         meta = self.root / "meta"
         _write_parquet(pa.Table.from_pylist(rows, schema=self._episodes_schema(video_keys)),
-                       self.root / EPISODES_PATH.format(chunk_index=0, file_index=0))
+                       self._out(EPISODES_PATH.format(chunk_index=0, file_index=0)))
         tasks_df = pd.DataFrame({"task_index": np.arange(len(tasks), dtype=np.int64)},
                                 index=pd.Index(tasks, name="task"))
         _write_parquet(pa.Table.from_pandas(tasks_df), meta / "tasks.parquet")
@@ -400,6 +422,10 @@ class DatasetWriter:
         write_json(self._info(features, video_keys, len(indices), index, len(tasks)), meta / "info.json", indent=4)
         shutil.rmtree(self.staging)
         self._closed = True
+
+    def _out(self, relative: str) -> Path:
+        # Feature keys name folders: a symlinked folder must not carry the files out of the dataset.
+        return contained(self.root, relative, self.root, "output file")
 
     @staticmethod
     def _episodes_schema(video_keys: list[str]) -> pa.Schema:
@@ -465,10 +491,23 @@ class LeRobotDataset:
             self.fps = self.info["fps"]
             self.features = self.info["features"]
             self.version = self.info["codebase_version"]
-        except (json.JSONDecodeError, KeyError) as e:
+            bad = [k for k, f in self.features.items() if not isinstance(f, dict) or "dtype" not in f]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
             raise DatasetError(f"{info_path}: not a valid LeRobot info.json ({e!r})") from e
+        if bad:
+            raise DatasetError(f"{info_path}: features {bad}: expected a mapping with a 'dtype'")
+        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not 0 < self.fps < 10_000:
+            raise DatasetError(f"{info_path}: fps: expected a positive number of frames/s, got {self.fps!r}")
+        if not isinstance(self.version, str):
+            raise DatasetError(f"{info_path}: codebase_version: expected a string like 'v3.0', got {self.version!r}")
         self.default_source = default_source
         for key, f in self.features.items():
+            if f["dtype"] == "video":  # video keys become folder and file names
+                safe_name(key, info_path, f"features[{key!r}]")
+                vfps = (f.get("info") or {}).get("video.fps") if isinstance(f.get("info"), dict) else None
+                if isinstance(vfps, (int, float)) and abs(vfps - self.fps) > 1e-6:  # else: a frame-count puzzle later
+                    raise DatasetError(f"{info_path}: fps: expected the videos' rate {vfps} (features[{key!r}]."
+                                       f"info.video.fps), got {self.fps}")
             if f["dtype"] == "image":
                 raise DatasetError(f"{info_path}: feature {key!r} stores images inside parquet (dtype 'image'); "
                                    "only mp4 video features are supported")
@@ -492,9 +531,15 @@ class LeRobotDataset:
                                "(the episodes index of a v3.0 dataset)")
         tables = []
         for f in files:
-            cols = [c for c in pq.read_schema(f).names if not c.startswith("stats/")]
-            tables.append(pq.read_table(f, columns=cols))
-        table = pa.concat_tables(tables, promote_options="default")
+            try:
+                cols = [c for c in pq.read_schema(f).names if not c.startswith("stats/")]
+                tables.append(pq.read_table(f, columns=cols))
+            except (pa.ArrowException, OSError) as e:
+                raise DatasetError(f"{f}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        try:
+            table = pa.concat_tables(tables, promote_options="default")
+        except pa.ArrowException as e:
+            raise DatasetError(f"{ep_dir}: episodes index files do not agree ({str(e).splitlines()[0]})") from None
         required = ["episode_index", "length", "dataset_from_index", "dataset_to_index", "data/chunk_index",
                     "data/file_index"] + [f"videos/{k}/{c}" for k in self._video_keys.values()
                                           for c in ("chunk_index", "file_index", "from_timestamp", "to_timestamp")]
@@ -506,13 +551,13 @@ class LeRobotDataset:
         self._check_index(rows, ep_dir)
         by_file: dict[Path, list[dict]] = {}
         for r in rows:
-            r["data_path"] = self.root / self.info["data_path"].format(
-                chunk_index=r["data/chunk_index"], file_index=r["data/file_index"])
+            r["data_path"] = self._path("data_path", chunk_index=r["data/chunk_index"],
+                                        file_index=r["data/file_index"])
             by_file.setdefault(r["data_path"], []).append(r)
             r["videos"] = {}
             for key in self._video_keys.values():
-                path = self.root / self.info["video_path"].format(
-                    video_key=key, chunk_index=r[f"videos/{key}/chunk_index"], file_index=r[f"videos/{key}/file_index"])
+                path = self._path("video_path", video_key=key, chunk_index=r[f"videos/{key}/chunk_index"],
+                                  file_index=r[f"videos/{key}/file_index"])
                 start = round(r[f"videos/{key}/from_timestamp"] * self.fps)
                 n = round(r[f"videos/{key}/to_timestamp"] * self.fps) - start
                 if n != r["length"]:
@@ -522,7 +567,11 @@ class LeRobotDataset:
         for path, eps in by_file.items():
             if not path.is_file():
                 raise DatasetError(f"{path}: data file not found (episodes {[e['episode_index'] for e in eps]})")
-            rows_in_file, expected = pq.read_metadata(path).num_rows, sum(e["length"] for e in eps)
+            try:
+                rows_in_file = pq.read_metadata(path).num_rows
+            except (pa.ArrowException, OSError) as e:
+                raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+            expected = sum(e["length"] for e in eps)
             if rows_in_file != expected:
                 raise DatasetError(f"{path}: {rows_in_file} rows, but the episodes index puts "
                                    f"{expected} frames in it (episodes {[e['episode_index'] for e in eps]})")
@@ -545,7 +594,10 @@ class LeRobotDataset:
         ep_path = self.root / "meta" / "episodes.jsonl"
         if not ep_path.is_file():
             raise DatasetError(f"{ep_path}: file not found (the episodes index of a v2.x dataset)")
-        rows = [json.loads(line) for line in ep_path.read_text().splitlines() if line.strip()]
+        try:
+            rows = [json.loads(line) for line in ep_path.read_text().splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{ep_path}: not valid JSON lines ({e})") from None
         rows.sort(key=lambda r: r["episode_index"])
         start = 0
         for r in rows:
@@ -555,14 +607,27 @@ class LeRobotDataset:
         chunks = self.info.get("chunks_size", CHUNKS_SIZE)
         for r in rows:
             e = r["episode_index"]
-            r["data_path"] = self.root / self.info["data_path"].format(episode_chunk=e // chunks, episode_index=e)
+            r["data_path"] = self._path("data_path", episode_chunk=e // chunks, episode_index=e)
             r["data_row"] = None  # one file per episode: the whole file
-            r["videos"] = {key: (self.root / self.info["video_path"].format(
-                episode_chunk=e // chunks, video_key=key, episode_index=e), 0) for key in self._video_keys.values()}
+            r["videos"] = {key: (self._path("video_path", episode_chunk=e // chunks, video_key=key, episode_index=e), 0)
+                           for key in self._video_keys.values()}
             for path in [r["data_path"], *(p for p, _ in r["videos"].values())]:
                 if not path.is_file():
                     raise DatasetError(f"{path}: file not found (episode {e})")
         return rows
+
+    def _path(self, template: str, **fields) -> Path:
+        """A file named by info.json's ``data_path`` / ``video_path`` template, kept inside the dataset."""
+        info_path = self.root / "meta" / "info.json"
+        t = self.info.get(template)
+        if not isinstance(t, str):
+            raise DatasetError(f"{info_path}: {template}: expected a path template string, got {t!r}")
+        try:
+            rel = t.format(**fields)
+        except (KeyError, IndexError, ValueError, AttributeError) as e:
+            raise DatasetError(f"{info_path}: {template}: expected a template with fields {sorted(fields)}, "
+                               f"got {t!r} ({e!r})") from None
+        return contained(self.root, rel, info_path, template)
 
     def _check_index(self, rows: list[dict], where: Path) -> None:
         got = [r["episode_index"] for r in rows]
@@ -598,6 +663,21 @@ class LeRobotDataset:
 
     def read_episode(self, i: int, cameras: list[str] | None = None) -> Episode:
         return self.read_window(i, 0, self.episode_length(i), cameras)
+
+    def read_columns(self, i: int, names: list[str]) -> dict[str, np.ndarray]:
+        """Non-video columns of episode ``i`` (those of ``names`` the dataset has), no video decoded."""
+        r = self._row(i)
+        table = self._read_rows(r, 0, r["length"])
+        return {n: _from_arrow(table[n]).reshape(r["length"], -1) for n in names if n in table.column_names}
+
+    def check_finite(self, names: tuple[str, ...] = ("action", "observation.state")) -> None:
+        """DatasetError naming the data file, field and frames when ``names`` hold NaN or inf."""
+        for i in range(len(self)):
+            for name, x in self.read_columns(i, list(names)).items():
+                if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+                    bad = np.nonzero(~np.isfinite(x).all(1))[0]
+                    raise DatasetError(f"{self._row(i)['data_path']}: episode {i}: field {name!r}: expected "
+                                       f"finite numbers, got NaN/inf at frames {bad[:5].tolist()}")
 
     def read_window(self, i: int, start: int, length: int, cameras: list[str] | None = None) -> Episode:
         """Frames ``[start, start + length)`` of episode ``i`` as an Episode (timestamps kept
@@ -659,7 +739,11 @@ class LeRobotDataset:
         path, i = r["data_path"], r["episode_index"]
         if not path.is_file():
             raise DatasetError(f"{path}: data file not found (episode {i})")
-        with pq.ParquetFile(path) as pf:
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as e:
+            raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        with pf:
             if r["data_row"] is None:  # v2: the file is the episode
                 if pf.metadata.num_rows != r["length"]:
                     raise DatasetError(f"{path}: {pf.metadata.num_rows} rows, but episode {i} has length {r['length']}")
@@ -673,7 +757,10 @@ class LeRobotDataset:
                     groups.append(g)
                     group_start = pos if group_start is None else group_start
                 pos += n
-            table = pf.read_row_groups(groups).slice(first_row - group_start, length)
+            try:
+                table = pf.read_row_groups(groups).slice(first_row - group_start, length)
+            except (pa.ArrowException, OSError) as e:
+                raise DatasetError(f"{path}: episode {i}: parquet rows unreadable ({str(e).splitlines()[0]})") from None
         ok = table.num_rows == length
         if ok and "episode_index" in table.column_names:
             ok = bool(np.all(_from_arrow(table["episode_index"]) == i))

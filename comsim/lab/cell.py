@@ -182,6 +182,12 @@ def validate_lab_cell(cell: LabCell) -> None:
     if len(push.target) != 2 or push.target_radius <= 0:
         raise ConfigError(f"tasks.push.target: expected [x, y] and a positive target_radius, "
                           f"got {push.target}, {push.target_radius}")
+    t = cell.scene.table  # objects start on the table top, never beside it on the floor
+    table = {"x": (t.center[0] - t.size[0] / 2, t.center[0] + t.size[0] / 2),
+             "y": (t.center[1] - t.size[1] / 2, t.center[1] + t.size[1] / 2)}
+    if not all(table[a][0] <= v <= table[a][1] for a, v in zip("xy", push.target)):
+        raise ConfigError(f"tasks.push.target: expected a point on the table (x in {list(table['x'])}, "
+                          f"y in {list(table['y'])}), got {push.target}")
     for task in ("push", "stack"):
         for obj, region in getattr(cell.tasks, task).regions.items():
             key = f"tasks.{task}.regions.{obj}"
@@ -191,6 +197,9 @@ def validate_lab_cell(cell: LabCell) -> None:
                 lo_hi = getattr(region, axis)
                 if len(lo_hi) != 2 or lo_hi[0] > lo_hi[1]:
                     raise ConfigError(f"{key}.{axis}: expected [low, high], got {lo_hi}")
+                if axis in table and not table[axis][0] <= lo_hi[0] <= lo_hi[1] <= table[axis][1]:
+                    raise ConfigError(f"{key}.{axis}: expected a range on the table, inside "
+                                      f"{[round(v, 4) for v in table[axis]]}, got {lo_hi}")
     for f in dataclasses.fields(OperatorHabits):
         v = getattr(cell.operator, f.name)
         if isinstance(v, list) and (len(v) != 2 or v[0] > v[1]):

@@ -20,7 +20,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
+from comsim.errors import InputError
 from comsim.io.lerobot import DatasetWriter
+from comsim.io.paths import claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
 from comsim.lab.stills import CALIBRATION_DIR, DONE_FILE as STILLS_DONE, record_calibration_stills
@@ -91,11 +93,15 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     task_obj = make_task(task, cell)  # unknown task: fails before anything touches the disk
     if episodes < 1:
         raise ValueError(f"episodes: expected at least 1, got {episodes}")
+    if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int) or fps < 1):
+        raise InputError(None, "--fps", "a positive whole number of frames/s", fps)
     fps = int(fps or cell.fps)
     out = Path(out)
-    header = truth_header(cell, task_obj, seed, fps)
+    header = {"command": "comsim lab record", **truth_header(cell, task_obj, seed, fps)}
+    # Only a new or empty folder, or this recording's own (lab_truth.json with the same settings):
+    # resuming rewrites OUT/calibration, which must never be a user's folder.
+    claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded")
     writer = DatasetWriter(out, fps, resume=resume)  # without resume: refuses a non-empty folder
-    _check_resumable(out, header)
     info = out / "meta" / "info.json"
     if info.is_file():  # closed before
         total = json.loads(info.read_text())["total_episodes"]
@@ -109,8 +115,8 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
         raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
                          f"rerun with --episodes {max(beyond) + 1} or use a new folder")
 
+    write_json(header, out / TRUTH_FILE)  # first: it makes the folder this recording's
     write_json(camera_intrinsics(cell), out / INTRINSICS_FILE)
-    write_json(header, out / TRUTH_FILE)
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     stills = out / CALIBRATION_DIR
     if todo or (calibration_stills and not (stills / STILLS_DONE).is_file()):
@@ -124,19 +130,6 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     writer.close()
     _write_final_truth(out, header, episodes)
     return out
-
-
-def _check_resumable(out: Path, header: dict) -> None:
-    path = out / TRUTH_FILE
-    if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    diff = [k for k in RESUME_KEYS if old.get(k) != header[k]]
-    if diff:
-        was = {k: old.get(k) for k in diff}
-        now = {k: header[k] for k in diff}
-        raise ValueError(f"{out}: was recorded with {was}, now asked for {now}; "
-                         "resume with the same task, seed, fps and cell, or use a new folder")
 
 
 def _write_final_truth(out: Path, header: dict, episodes: int) -> None:

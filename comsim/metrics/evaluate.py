@@ -158,7 +158,7 @@ class EvalOptions:
     i3d: str | None = None  # I3D TorchScript path or URL (FVD needs it)
     lpips_net: str = "alex"
     lpips_model: object | None = None  # a ready lpips.LPIPS model (overrides lpips_net)
-    allow_download: bool = False  # LPIPS trunk only; an --i3d URL is always fetched (asked for)
+    allow_download: bool = False  # lets LPIPS fetch its trunk and an --i3d URL#sha256=... be fetched
     clip: str | None = None  # transformers CLIP folder
     twin: str | None = None  # twin scene YAML: action consistency renders its robot masks
     twin_camera: str | None = None  # camera of the twin scene (default: the dataset camera)
@@ -243,7 +243,7 @@ def _load_tools(o: EvalOptions, want: set, unavailable: dict, ps: VideoSource, r
             unavailable["fvd"] = "no I3D weights given (--i3d PATH_OR_URL to StyleGAN-V's i3d_torchscript.pt)"
             want.discard("fvd")
         else:
-            attempt("fvd", lambda: I3DFeatures(o.i3d, device=o.device))
+            attempt("fvd", lambda: I3DFeatures(o.i3d, device=o.device, allow_download=o.allow_download))
     if "clip" in want:
         if o.clip is None:
             unavailable["clip"] = "no CLIP weights given (--clip DIR, a local transformers CLIP folder)"

@@ -40,6 +40,7 @@ divide by N.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import urllib.parse
 from pathlib import Path
@@ -47,6 +48,8 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from comsim.errors import ComSimError, InputError
 
 INCEPTION_SIZE = 299
 INCEPTION_DIM = 2048
@@ -56,7 +59,7 @@ I3D_DIM = 400  # Kinetics-400 logits (pre-softmax)
 I3D_URL = "https://www.dropbox.com/s/ge9e5ujwgetktms/i3d_torchscript.pt?dl=1"
 
 
-class MetricUnavailable(RuntimeError):
+class MetricUnavailable(ComSimError, RuntimeError):
     """A metric cannot be computed here (missing weights or package); the message says why."""
 
 
@@ -158,8 +161,8 @@ def _jit_load(path: Path, what: str) -> torch.jit.ScriptModule:
         raise FileNotFoundError(f"{path}: {what} file not found")
     try:
         return torch.jit.load(str(path), map_location="cpu").eval()
-    except RuntimeError as e:
-        raise ValueError(f"{path}: not a TorchScript {what} ({str(e).splitlines()[0]})") from e
+    except (RuntimeError, ValueError) as e:
+        raise InputError(path, "", f"a TorchScript {what}", (str(e).splitlines() or [""])[0]) from e
 
 
 class InceptionFeatures:
@@ -195,28 +198,49 @@ def fid(feats_pred: np.ndarray, feats_ref: np.ndarray) -> float:
 # ----------------------------------------------------------------------------- FVD: I3D
 
 
-def resolve_i3d(path_or_url: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """A local path is returned as is; an http(s) URL is downloaded once (only because the
-    user passed it) into ``cache_dir`` (default ``$TORCH_HOME/hub/checkpoints``) and the
-    cached file returned."""
+def resolve_i3d(path_or_url: str | Path, cache_dir: str | Path | None = None, allow_download: bool = False) -> Path:
+    """A local path is returned as is. An http(s) URL is fetched only with ``allow_download``
+    (``--allow-download``) and only with a pinned checksum, ``URL#sha256=<64 hex>``: a
+    TorchScript file runs code when loaded, so the bytes must be the ones the user vouched
+    for. It is downloaded once into ``cache_dir`` (default ``$TORCH_HOME/hub/checkpoints``),
+    and the cached file is checked against the pin every time before it is loaded."""
     s = str(path_or_url)
     if not s.startswith(("http://", "https://")):
         return Path(s).expanduser()
-    name = Path(urllib.parse.urlparse(s).path).name or "i3d_torchscript.pt"
+    url, _, fragment = s.partition("#")
+    pin = fragment[len("sha256="):].lower() if fragment.startswith("sha256=") else ""
+    if len(pin) != 64 or any(c not in "0123456789abcdef" for c in pin):
+        raise InputError(None, f"--i3d {url}", "a pinned checksum, URL#sha256=<64 hex digits> (the sha256 of the "
+                         "file you trust), or a local path", fragment or "no checksum")
+    if not allow_download:
+        raise InputError(None, f"--i3d {url}", "--allow-download (allow_download=True): downloads are opt-in; or "
+                         "download the file yourself and pass its path", "no opt-in")
+    name = Path(urllib.parse.urlparse(url).path).name or "i3d_torchscript.pt"
     cache = Path(cache_dir) if cache_dir is not None else Path(torch.hub.get_dir()) / "checkpoints"
     dst = cache / name
     if not dst.is_file():
         cache.mkdir(parents=True, exist_ok=True)
-        torch.hub.download_url_to_file(s, str(dst), progress=True)  # writes a temporary, then renames
+        torch.hub.download_url_to_file(url, str(dst), hash_prefix=pin, progress=True)  # temporary, checked, renamed
+    got = sha256_file(dst)
+    if got != pin:
+        raise InputError(dst, "sha256", f"the pinned {pin} (not loaded; delete the file to download it again)", got)
     return dst
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 class I3DFeatures:
     """400-d I3D features of 16-frame uint8 clips (the FVD protocol of the module doc)."""
 
     def __init__(self, path_or_url: str | Path, device: str | torch.device = "cpu", batch_size: int = 4,
-                 cache_dir: str | Path | None = None):
-        self.path = resolve_i3d(path_or_url, cache_dir)
+                 cache_dir: str | Path | None = None, allow_download: bool = False):
+        self.path = resolve_i3d(path_or_url, cache_dir, allow_download)
         self.model = _jit_load(self.path, "I3D").to(device)
         self.device, self.batch_size = torch.device(device), batch_size
 

@@ -306,6 +306,9 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         torch.set_num_threads(cfg.train.num_threads)
     needed = {s.dataset for a in all_arms for s in a.sources if s.dataset in cfg.datasets}
     missing = ensure_datasets(cfg, needed, log)
+    if all_arms and all(any(missing.get(s.dataset) for s in a.sources) for a in all_arms):  # nothing could run
+        raise ConfigError(f"experiment {cfg.name!r}: datasets: expected at least one arm with its data, got none: "
+                          + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()) if v))
     t0 = time.time()
     results = []
     for arm in all_arms:

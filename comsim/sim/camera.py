@@ -25,7 +25,10 @@ _CV_TO_MJ = np.diag([1.0, -1.0, -1.0])
 
 def as_K(K: Any) -> np.ndarray:
     """(fx, fy, cx, cy) from a 4-vector or a 3x3 matrix; ValueError otherwise."""
-    a = np.asarray(K, dtype=np.float64)
+    try:
+        a = np.asarray(K, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(f"expected [fx, fy, cx, cy] or a 3x3 matrix of numbers, got {K!r}") from None
     if a.shape == (3, 3):
         if abs(a[0, 1]) > 1e-9 or np.abs(a[2] - [0, 0, 1]).max() > 1e-9 or abs(a[1, 0]) > 1e-9:
             raise ValueError(f"expected a 3x3 pinhole K [[fx,0,cx],[0,fy,cy],[0,0,1]] (no skew), got {a.tolist()}")
@@ -45,6 +48,8 @@ def as_rigid(T: Any, tol: float = 1e-4) -> np.ndarray:
         raise ValueError(f"expected a 4x4 rigid transform (nested list of numbers), got {T!r}") from None
     if a.shape != (4, 4):
         raise ValueError(f"expected a 4x4 rigid transform, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):  # NaN fails every comparison below, so it would pass them
+        raise ValueError(f"expected a 4x4 rigid transform of finite numbers, got {a.round(4).tolist()}")
     R = a[:3, :3]
     if (np.abs(R.T @ R - np.eye(3)).max() > tol or abs(np.linalg.det(R) - 1) > tol
             or np.abs(a[3] - [0, 0, 0, 1]).max() > tol):

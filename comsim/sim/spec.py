@@ -18,6 +18,8 @@ from typing import Any
 
 from comsim.config import ConfigError, apply_overrides, from_dict, load_yaml
 from comsim.episode import hash_dict
+from comsim.errors import InputError
+from comsim.io.paths import safe_name
 from comsim.sim.camera import as_K, as_rigid  # camera.py owns the camera maths
 
 PANDA_HOME = [0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785]
@@ -222,6 +224,10 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
         key = f"cameras[{i}]"
         if c.name in cam_names:
             fail(f"{key}.name", f"duplicate camera name {c.name!r}")
+        try:  # camera names become video feature keys, i.e. folder and file names
+            safe_name(c.name, None, "")
+        except InputError as e:
+            fail(f"{key}.name", f"expected {e.expected}, got {c.name!r}")
         cam_names.add(c.name)
         if c.width <= 0 or c.height <= 0:
             fail(key, f"width and height must be positive, got {c.width}x{c.height}")

@@ -13,12 +13,20 @@ Videos are float ``(B, 3, T, H, W)`` in [-1, 1]; latents ``(B, C, t, h, w)``.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
 
+from comsim.errors import ComSimError
+from comsim.io.paths import is_inside
+
 VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLLTXVideo", "AutoencoderKLCosmos",
                      "AutoencoderKLHunyuanVideo", "AutoencoderKLMochi")
+
+
+class CodecError(ComSimError, ValueError):
+    """A codec config or a saved codec folder is not usable."""
 
 
 class PixelCodec:
@@ -180,6 +188,31 @@ def build_codec(cfg: dict, base_dir: str | Path | None = None):
     raise ValueError(f"codec.type={kind!r}: expected 'pixel' or 'diffusers_vae'")
 
 
-def load_codec(directory: str | Path):
+def load_codec(directory: str | Path, allow_download: bool | None = None):
+    """The codec of a saved pipeline folder. Its codec.json must name a VAE inside the folder
+    (``save_pretrained`` copies it in): a hub id there would be fetched, and run, on someone else's
+    say-so. ``allow_download`` (default: the environment variable COMSIM_ALLOW_DOWNLOAD=1) lifts that."""
     directory = Path(directory)
-    return build_codec(json.loads((directory / "codec.json").read_text()), base_dir=directory)
+    path = directory / "codec.json"
+    if not path.is_file():
+        raise CodecError(f"{path}: file not found (a translator folder has one; see save_pretrained)")
+    try:
+        cfg = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CodecError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise CodecError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    if allow_download is None:
+        allow_download = os.environ.get("COMSIM_ALLOW_DOWNLOAD", "") == "1"
+    pretrained = cfg.get("pretrained")
+    if cfg.get("type") == "diffusers_vae" and isinstance(pretrained, str) and not allow_download:
+        local = Path(pretrained) if Path(pretrained).is_absolute() else directory / pretrained
+        if ".." in Path(pretrained).parts or not is_inside(local, directory) or not local.is_dir():
+            raise CodecError(f"{path}: pretrained: expected a VAE folder inside {directory}, got {pretrained!r} "
+                             "(a hub id or outside path is only fetched with --allow-download / COMSIM_ALLOW_DOWNLOAD=1)")
+    try:
+        return build_codec(cfg, base_dir=directory)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, CodecError):
+            raise
+        raise CodecError(f"{path}: {e}") from e

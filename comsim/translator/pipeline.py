@@ -26,13 +26,14 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from comsim.errors import ComSimError
 from comsim.translator.codec import load_codec
 from comsim.translator.data import ActionNormalizer, encode_condition, tensor_to_video, video_to_tensor
 from comsim.translator.guidance import guided_velocity
 from comsim.translator.model import CompositionalVideoDiT
 
 
-class TranslatorMismatchError(ValueError):
+class TranslatorMismatchError(ComSimError, ValueError):
     """A checkpoint or an input does not fit what the model was built for."""
 
 

@@ -34,7 +34,7 @@ import cv2
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from comsim.sim.camera import as_K, look_at
+from comsim.sim.camera import as_K, as_rigid, look_at
 from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, perturb, pose_error,
                                   refine_contour, trimmed_mean)
@@ -316,14 +316,22 @@ def load_calibration(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CalibrationDataError(f"{path}: file not found")
-    d = json.loads(path.read_text())
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CalibrationDataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CalibrationDataError(f"{path}: expected a JSON object with T_cam_from_base and K")
     for key in ("T_cam_from_base", "K"):
         if key not in d:
             raise CalibrationDataError(f"{path}: missing field {key!r}")
     if d.get("converged") is False:
         raise CalibrationDataError(f"{path}: this calibration did not converge ({d.get('why_not_converged')})")
-    d["T_cam_from_base"] = np.asarray(d["T_cam_from_base"], np.float64)
-    d["K"] = as_K(d["K"])
+    for key, check in (("T_cam_from_base", as_rigid), ("K", as_K)):
+        try:
+            d[key] = check(d[key])
+        except ValueError as e:
+            raise CalibrationDataError(f"{path}: {key}: {e}") from None
     return d
 
 

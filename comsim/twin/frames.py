@@ -27,12 +27,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from comsim.errors import ComSimError
 from comsim.sim.camera import as_K, as_rigid
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg")
 
 
-class CalibrationDataError(ValueError):
+class CalibrationDataError(ComSimError, ValueError):
     pass
 
 

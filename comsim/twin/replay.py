@@ -38,6 +38,7 @@ import yaml
 from tqdm.auto import tqdm
 
 from comsim.episode import SOURCES, Episode, Provenance
+from comsim.errors import InputError
 from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
@@ -50,6 +51,7 @@ from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import localize_objects
 from comsim.io.files import atomic_output, write_json
+from comsim.io.paths import claim_output, is_inside
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -254,9 +256,15 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
     real, out = Path(real), Path(out)
+    if is_inside(out, real) or is_inside(real, out):
+        raise InputError(out, "--out", f"a folder outside --real {real}", "the same folder or one inside the other")
     spec = twin if isinstance(twin, SceneSpec) else load_scene_spec(twin)
     ds = LeRobotDataset(real)
+    ds.check_finite()  # NaN states would replay into NaN twin states and be written as pairs
     al_path = out / ALIGNMENT_FILE
+    # Only a new or empty folder, or this replay's own (alignment.json of the same data and twin).
+    claim_output(out, ALIGNMENT_FILE, {"input_spec_hash": spec_hash(spec), "real": str(real)},
+                 ("input_spec_hash", "real"), "comsim twin replay", made="was made for")
     if al_path.is_file():  # resume: the alignment is part of what was already written
         al = json.loads(al_path.read_text())
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):

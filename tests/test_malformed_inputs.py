@@ -1,0 +1,752 @@
+"""Malformed inputs, as a new user would hand them over, across every kind the CLI reads.
+
+Each case builds one bad input (scene/task YAML, lab cell, experiment, translator config or
+folder, LeRobot dataset, calibration folder, output path) next to good shared fixtures, runs
+the command in-process, and asserts: exit code 2, a one-line message on stderr that names
+the file, no traceback, and nothing written or changed anywhere under the test folders.
+
+The inputs are tiny (4-frame 32x32 datasets made with the library's own writer, a micro
+translator saved with ``save_pretrained``) so the whole file runs in well under a minute.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from comsim import cli
+from comsim.episode import Episode, Provenance
+from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENE = ROOT / "configs" / "twin" / "panda_cell.yaml"
+LAB = ROOT / "configs" / "lab" / "default.yaml"
+TINY = ROOT / "configs" / "translator" / "tiny.yaml"
+EYE = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0.5], [0, 0, 0, 1]]
+
+TASK = """\
+task: reach
+instruction: "Reach above the {{cube.color}} cube."
+scene: {scene}
+max_seconds: 6
+objects:
+  cube: {{shape: cube, side: [0.04, 0.05], colors: [red, blue]}}
+layout:
+  in_distribution: {{cube: {{x: [0.45, 0.55], y: [-0.1, 0.1]}}}}
+program:
+  - move: {{to: cube, height: [0.12, 0.2]}}
+success:
+  - at: {{object: cube, target: [0.5, 0.0], radius: 0.2}}
+"""
+
+
+# ----------------------------------------------------------------------------- shared fixtures
+
+
+def sim_episode(seed: int, T: int = 4, cams=("front_sim",), size: int = 32) -> Episode:
+    rng = np.random.default_rng(seed)
+    frames = {c: rng.integers(0, 255, (T, size, size, 3), dtype=np.uint8) for c in cams}
+    return Episode(frames=frames, action=rng.normal(size=(T, 8)).astype(np.float32),
+                   state=rng.normal(size=(T, 8)).astype(np.float32), fps=10, task="reach",
+                   provenance=Provenance(source="sim", task="reach", seed=seed))
+
+
+def write_sim(root: Path, n: int = 2, **kw) -> Path:
+    with DatasetWriter(root, 10) as w:
+        for i in range(n):
+            w.add_episode(sim_episode(i, **kw))
+    return root
+
+
+def save_micro_translator(path: Path) -> Path:
+    from comsim.config import from_dict
+    from comsim.translator.codec import PixelCodec
+    from comsim.translator.data import ActionNormalizer
+    from comsim.translator.training import TranslatorConfig, build_model, make_pipeline
+
+    torch.manual_seed(0)
+    cfg = from_dict(TranslatorConfig, {"model": {"dim": 32, "depth": 1, "heads": 2, "patch_size": [1, 8, 8]},
+                                       "data": {"num_frames": 4, "resolution": [32, 32], "camera": "front"}})
+    model = build_model(cfg, PixelCodec(), 8)
+    return make_pipeline(cfg, model.eval(), PixelCodec(), ActionNormalizer(np.zeros(8), np.ones(8)),
+                         fps=10).save_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shared")
+    write_sim(root / "sim")
+    write_sim(root / "real", cams=("front",))  # what a real robot's camera recorded
+    save_micro_translator(root / "micro")
+    (root / "task.yaml").write_text(TASK.format(scene=SCENE))
+    return root
+
+
+def copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst, symlinks=True)
+    return dst
+
+
+def edit_json(path: Path, fn) -> None:
+    d = json.loads(path.read_text())
+    fn(d)
+    path.write_text(json.dumps(d))
+
+
+def rewrite_column(ds_root: Path, name: str, fn) -> None:
+    """Replace a column of every data file (the writer refuses such data, so it is made by hand)."""
+    for f in sorted((ds_root / "data").rglob("*.parquet")):
+        t = pq.read_table(f)
+        x = np.stack(t[name].to_pylist()).astype(np.float32)
+        fn(x)
+        t = t.set_column(t.column_names.index(name), name,
+                         pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), x.shape[1]))
+        pq.write_table(t, f)
+
+
+def scene_with(tmp: Path, **camera) -> Path:
+    doc = yaml.safe_load(SCENE.read_text())
+    doc["cameras"][0].update(camera)
+    p = tmp / "scene.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def lab_with(tmp: Path, mutate) -> Path:
+    doc = yaml.safe_load(LAB.read_text())
+    mutate(doc)
+    p = tmp / "cell.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return p
+
+
+def translator_cfg(tmp: Path, text: str | None = None, **over) -> Path:
+    doc = yaml.safe_load(TINY.read_text())
+    doc["train"]["output_dir"] = str(tmp / "runs")
+    for dotted, v in over.items():
+        node = doc
+        *head, last = dotted.split("__")
+        for k in head:
+            node = node.setdefault(k, {})
+        node[last] = v
+    p = tmp / "translator.yaml"
+    p.write_text(text if text is not None else yaml.safe_dump(doc))
+    return p
+
+
+def experiment(tmp: Path, doc: dict | None = None, text: str | None = None) -> Path:
+    p = tmp / "exp.yaml"
+    p.write_text(text if text is not None else yaml.safe_dump(doc))
+    return p
+
+
+def calib_folder(tmp: Path, K=None, qpos="0 -0.785 0 -2.356 0 1.571 0.785", with_color=True) -> Path:
+    import cv2
+
+    d = tmp / "calib"
+    for sub in ("color", "mask", "qpos"):
+        (d / sub).mkdir(parents=True)
+    if with_color:
+        cv2.imwrite(str(d / "color" / "000000.png"), np.zeros((48, 64, 3), np.uint8))
+        cv2.imwrite(str(d / "mask" / "000000.png"), np.zeros((48, 64), np.uint8))
+        (d / "qpos" / "000000.txt").write_text(qpos)
+    if K is not None:
+        (d / "camera_intrinsics.json").write_text(json.dumps({"K": K, "width": 64, "height": 48}))
+    else:
+        (d / "K.txt").write_text("60 0 32\n0 60 24\n0 0 1\n")
+    return d
+
+
+# ----------------------------------------------------------------------------- the cases
+
+CASES: dict[str, object] = {}
+
+
+def case(kind: str):
+    def register(fn):
+        CASES[f"{kind}:{fn.__name__}"] = fn
+        return fn
+    return register
+
+
+# Each case returns (program, argv, text the message must contain). program: comsim | train | eval_policy.
+
+# -- scene YAML (generate --scene, twin replay --twin)
+@case("scene")
+def camera_name_escapes(t, s):
+    sc = scene_with(t, name="../../escaped")
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--scene", str(sc), "--out", str(t / "out"),
+                      "--episodes", "1", "--no-progress"], str(sc)
+
+
+@case("scene")
+def camera_name_absolute(t, s):
+    sc = scene_with(t, name="/tmp/escaped")
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--scene", str(sc), "--out", str(t / "out"),
+                      "--no-progress"], "cameras[0].name"
+
+
+@case("scene")
+def nan_in_T_cam_from_base(t, s):
+    T = yaml.safe_load(SCENE.read_text())["cameras"][0]["T_cam_from_base"]
+    T[0][0] = float("nan")
+    sc = scene_with(t, T_cam_from_base=T)
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--scene", str(sc), "--out", str(t / "out"),
+                      "--no-progress"], "T_cam_from_base"
+
+
+@case("scene")
+def K_as_mapping(t, s):
+    sc = scene_with(t, K={"fx": 100, "fy": 100, "cx": 64, "cy": 64})
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(sc), "--out", str(t / "out")], \
+        "cameras[0].K"
+
+
+@case("scene")
+def scene_not_a_mapping(t, s):
+    sc = t / "scene.yaml"
+    sc.write_text("- just\n- a list\n")
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(sc), "--out", str(t / "out")], str(sc)
+
+
+@case("scene")
+def scene_unknown_key(t, s):
+    sc = t / "scene.yaml"
+    sc.write_text(SCENE.read_text() + "\ncamras: []\n")
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(sc), "--out", str(t / "out")], str(sc)
+
+
+# -- task YAML (generate)
+@case("task")
+def task_unknown_key(t, s):
+    p = t / "task.yaml"
+    p.write_text(TASK.format(scene=SCENE) + "colour: red\n")
+    return "comsim", ["generate", "--task", str(p), "--out", str(t / "out"), "--no-progress"], str(p)
+
+
+@case("task")
+def task_python_tag(t, s):
+    p = t / "task.yaml"
+    p.write_text(TASK.format(scene=SCENE).replace('"Reach above the {cube.color} cube."',
+                                                  "!!python/object/apply:os.system ['touch pwned']"))
+    return "comsim", ["generate", "--task", str(p), "--out", str(t / "out"), "--no-progress"], str(p)
+
+
+@case("task")
+def task_missing_scene(t, s):
+    p = t / "task.yaml"
+    p.write_text(TASK.format(scene=t / "nowhere.yaml"))
+    return "comsim", ["generate", "--task", str(p), "--out", str(t / "out"), "--no-progress"], "nowhere.yaml"
+
+
+@case("task")
+def task_file_missing(t, s):
+    return "comsim", ["generate", "--task", str(t / "missing.yaml"), "--out", str(t / "out"), "--no-progress"], \
+        "missing.yaml"
+
+
+# -- lab cells (lab record --cell)
+def _record(t, cell, *extra):
+    return ["lab", "record", "--task", "push", "--episodes", "1", "--cell", str(cell), "--out", str(t / "out"),
+            *extra]
+
+
+@case("lab_cell")
+def region_off_the_table(t, s):
+    cell = lab_with(t, lambda d: d["tasks"]["push"]["regions"]["red_cube"].update(x=[1.5, 1.7]))
+    return "comsim", _record(t, cell), "tasks.push.regions.red_cube.x"
+
+
+@case("lab_cell")
+def push_target_off_the_table(t, s):
+    cell = lab_with(t, lambda d: d["tasks"]["push"].update(target=[0.5, 3.0]))
+    return "comsim", _record(t, cell), "tasks.push.target"
+
+
+@case("lab_cell")
+def nan_speed(t, s):
+    cell = lab_with(t, lambda d: d["operator"].update(nominal_speed=float("nan")))
+    return "comsim", _record(t, cell), "operator.nominal_speed"
+
+
+@case("lab_cell")
+def lab_camera_name_with_slash(t, s):
+    def mutate(d):
+        d["scene"]["cameras"][0]["name"] = "front/../../x"
+        d["camera"] = "front/../../x"
+    return "comsim", _record(t, lab_with(t, mutate)), "scene.cameras[0].name"
+
+
+@case("lab_cell")
+def lab_unknown_key(t, s):
+    cell = lab_with(t, lambda d: d.update(fsp=10))
+    return "comsim", _record(t, cell), str(t / "cell.yaml")
+
+
+@case("lab_cell")
+def lab_fps_zero_flag(t, s):
+    return "comsim", ["lab", "record", "--task", "push", "--episodes", "1", "--fps", "0", "--out", str(t / "out")], \
+        "--fps"
+
+
+# -- experiments (eval/eval_policy.py --experiment)
+@case("experiment")
+def experiment_all_datasets_missing(t, s):
+    doc = {"name": "nothing", "task": "push", "output_dir": str(t / "exp_out"),
+           "datasets": {"real": {"path": str(t / "no_real")}},
+           "arms": [{"name": "real", "sources": [{"dataset": "real"}]}]}
+    return "eval_policy", ["--experiment", str(experiment(t, doc))], "no_real"
+
+
+@case("experiment")
+def experiment_unknown_key(t, s):
+    doc = {"name": "x", "task": "push", "output_dir": str(t / "exp_out"), "trian": {}}
+    p = experiment(t, doc)
+    return "eval_policy", ["--experiment", str(p)], str(p)
+
+
+@case("experiment")
+def experiment_not_yaml(t, s):
+    p = experiment(t, text="name: [unclosed\n")
+    return "eval_policy", ["--experiment", str(p)], str(p)
+
+
+# -- translator training configs (train/train_translator.py)
+@case("translator_config")
+def config_unknown_key(t, s):
+    p = translator_cfg(t, train__stepz=3)
+    return "train", ["--config", str(p)], str(p)
+
+
+@case("translator_config")
+def config_nan_learning_rate(t, s):
+    p = translator_cfg(t, train__learning_rate=float("nan"))
+    return "train", ["--config", str(p)], "train.learning_rate"
+
+
+@case("translator_config")
+def config_wrong_type(t, s):
+    p = translator_cfg(t, model__dim="wide")
+    return "train", ["--config", str(p)], "model.dim"
+
+
+@case("translator_config")
+def config_missing(t, s):
+    return "train", ["--config", str(t / "nope.yaml")], "nope.yaml"
+
+
+@case("translator_config")
+def config_bad_dropout(t, s):
+    p = translator_cfg(t, train__p_drop_sim=1.5)
+    return "train", ["--config", str(p)], str(p)
+
+
+# -- translator folders (convert --model)
+def _convert(t, s, model, inp=None, out=None, *extra):
+    return ["convert", "--model", str(model), "--input", str(inp or s / "sim"), "--output", str(out or t / "out"),
+            "--no-progress", "--steps", "1", *extra]
+
+
+@case("translator_folder")
+def model_without_translator_json(t, s):
+    m = copy(s / "micro", t / "m")
+    (m / "translator.json").unlink()
+    return "comsim", _convert(t, s, m), str(m)
+
+
+@case("translator_folder")
+def translator_json_invalid(t, s):
+    m = copy(s / "micro", t / "m")
+    (m / "translator.json").write_text("{not json")
+    return "comsim", _convert(t, s, m), str(m / "translator.json")
+
+
+@case("translator_folder")
+def translator_json_without_camera(t, s):
+    m = copy(s / "micro", t / "m")
+    edit_json(m / "translator.json", lambda d: d.pop("camera"))
+    return "comsim", _convert(t, s, m), "camera"
+
+
+@case("translator_folder")
+def translator_camera_escapes(t, s):
+    m = copy(s / "micro", t / "m")
+    edit_json(m / "translator.json", lambda d: d.update(camera="../../front"))
+    return "comsim", _convert(t, s, m), str(m / "translator.json")
+
+
+@case("translator_folder")
+def truncated_safetensors(t, s):
+    m = copy(s / "micro", t / "m")
+    w = m / "transformer" / "diffusion_pytorch_model.safetensors"
+    w.write_bytes(w.read_bytes()[:200])
+    return "comsim", _convert(t, s, m), str(m)
+
+
+@case("translator_folder")
+def missing_transformer_config(t, s):
+    m = copy(s / "micro", t / "m")
+    (m / "transformer" / "config.json").unlink()
+    return "comsim", _convert(t, s, m), str(m)
+
+
+@case("translator_folder")
+def codec_names_a_hub_id(t, s):
+    m = copy(s / "micro", t / "m")
+    (m / "codec.json").write_text(json.dumps({"type": "diffusers_vae", "pretrained": "someone/some-vae"}))
+    return "comsim", _convert(t, s, m), str(m / "codec.json")
+
+
+@case("translator_folder")
+def action_dim_mismatch(t, s):
+    m = copy(s / "micro", t / "m")
+    edit_json(m / "translator.json", lambda d: d.update(action_dim=7))
+    return "comsim", _convert(t, s, m), "action_dim"
+
+
+@case("dataset")
+def info_fps_disagrees_with_videos(t, s):
+    d = copy(s / "sim", t / "d")
+    edit_json(d / "meta" / "info.json", lambda i: i.update(fps=30))
+    return "comsim", _convert(t, s, s / "micro", d), "fps"
+
+
+@case("translator_folder")
+def fps_mismatch(t, s):
+    m = copy(s / "micro", t / "m")
+    edit_json(m / "translator.json", lambda d: d.update(fps=30))
+    return "comsim", _convert(t, s, m), "fps"
+
+
+# -- LeRobot datasets (convert --input, twin replay --real, eval video)
+@case("dataset")
+def video_key_escapes(t, s):
+    d = copy(s / "sim", t / "d")
+    edit_json(d / "meta" / "info.json",
+              lambda i: i["features"].update({"../../escaped": i["features"].pop("observation.images.front_sim")}))
+    return "comsim", _convert(t, s, s / "micro", d), str(d / "meta" / "info.json")
+
+
+@case("dataset")
+def data_path_absolute(t, s):
+    d = copy(s / "sim", t / "d")
+    outside = t / "elsewhere.parquet"
+    shutil.copy(next((d / "data").rglob("*.parquet")), outside)
+    edit_json(d / "meta" / "info.json", lambda i: i.update(data_path=str(outside)))
+    return "comsim", _convert(t, s, s / "micro", d), "data_path"
+
+
+@case("dataset")
+def data_path_dotdot(t, s):
+    d = copy(s / "sim", t / "d")
+    edit_json(d / "meta" / "info.json", lambda i: i.update(data_path="../d/" + i["data_path"]))
+    return "comsim", _convert(t, s, s / "micro", d), "data_path"
+
+
+@case("dataset")
+def video_path_template_broken(t, s):
+    d = copy(s / "sim", t / "d")
+    edit_json(d / "meta" / "info.json", lambda i: i.update(video_path="videos/{camera}/{nope}.mp4"))
+    return "comsim", _convert(t, s, s / "micro", d), "video_path"
+
+
+@case("dataset")
+def videos_symlinked_outside(t, s):
+    d = copy(s / "sim", t / "d")
+    shutil.move(d / "videos", t / "videos_elsewhere")
+    (d / "videos").symlink_to(t / "videos_elsewhere")
+    return "comsim", _convert(t, s, s / "micro", d), "video_path"
+
+
+@case("dataset")
+def info_json_missing(t, s):
+    d = copy(s / "sim", t / "d")
+    (d / "meta" / "info.json").unlink()
+    return "comsim", _convert(t, s, s / "micro", d), str(d / "meta" / "info.json")
+
+
+@case("dataset")
+def info_json_invalid(t, s):
+    d = copy(s / "sim", t / "d")
+    (d / "meta" / "info.json").write_text("{")
+    return "comsim", ["eval", "video", "--pred", str(d), "--ref", str(s / "sim"), "--metrics", "psnr"], \
+        str(d / "meta" / "info.json")
+
+
+@case("dataset")
+def corrupt_data_parquet(t, s):
+    d = copy(s / "sim", t / "d")
+    f = next((d / "data").rglob("*.parquet"))
+    f.write_bytes(b"PAR1" + b"\0" * 64)
+    return "comsim", _convert(t, s, s / "micro", d), str(f)
+
+
+@case("dataset")
+def corrupt_episodes_index(t, s):
+    d = copy(s / "sim", t / "d")
+    f = next((d / "meta" / "episodes").rglob("*.parquet"))
+    f.write_bytes(f.read_bytes()[:40])
+    return "comsim", _convert(t, s, s / "micro", d), str(f)
+
+
+@case("dataset")
+def empty_dataset(t, s):
+    d = copy(s / "sim", t / "d")
+    f = next((d / "meta" / "episodes").rglob("*.parquet"))
+    pq.write_table(pq.read_table(f).slice(0, 0), f)
+    edit_json(d / "meta" / "info.json", lambda i: i.update(total_episodes=0, total_frames=0))
+    return "comsim", _convert(t, s, s / "micro", d), str(d)
+
+
+@case("dataset")
+def nan_actions_convert(t, s):
+    d = copy(s / "sim", t / "d")
+    rewrite_column(d, "action", lambda x: x.__setitem__((1, 2), np.nan))
+    return "comsim", _convert(t, s, s / "micro", d), "'action'"
+
+
+@case("dataset")
+def nan_states_replay(t, s):
+    d = copy(s / "real", t / "d")
+    rewrite_column(d, "observation.state", lambda x: x.__setitem__((0, 0), np.inf))
+    return "comsim", ["twin", "replay", "--real", str(d), "--twin", str(SCENE), "--out", str(t / "out")], \
+        "observation.state"
+
+
+@case("dataset")
+def already_real_frames(t, s):
+    d = write_sim(t / "d", cams=("front", "front_sim"))
+    return "comsim", _convert(t, s, s / "micro", d), str(d / "meta" / "info.json")
+
+
+# -- calibration folders (twin calibrate, twin replay --calibration)
+@case("calibration")
+def calibration_folder_missing(t, s):
+    return "comsim", ["twin", "calibrate", str(t / "nothing"), "--out", str(t / "out")], "nothing"
+
+
+@case("calibration")
+def intrinsics_nan(t, s):
+    d = calib_folder(t, K=[60, float("nan"), 32, 24])
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "camera_intrinsics.json")
+
+
+@case("calibration")
+def intrinsics_as_mapping(t, s):
+    d = calib_folder(t, K={"fx": 60, "fy": 60, "cx": 32, "cy": 24})
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "camera_intrinsics.json")
+
+
+@case("calibration")
+def qpos_not_numbers(t, s):
+    d = calib_folder(t, qpos="zero one two")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], "000000.txt"
+
+
+@case("calibration")
+def calibration_json_nan_pose(t, s):
+    c = t / "calibration.json"
+    c.write_text(json.dumps({"T_cam_from_base": [[float("nan")] * 4] + EYE[1:], "K": [60, 60, 16, 16]}))
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(SCENE), "--out", str(t / "out"),
+                      "--calibration", str(c)], str(c)
+
+
+# -- output paths
+@case("output")
+def convert_output_is_input(t, s):
+    d = copy(s / "sim", t / "d")
+    return "comsim", _convert(t, s, s / "micro", d, d), str(d)
+
+
+@case("output")
+def convert_output_inside_input(t, s):
+    d = copy(s / "sim", t / "d")
+    return "comsim", _convert(t, s, s / "micro", d, d / "pseudo"), str(d / "pseudo")
+
+
+@case("output")
+def convert_output_is_a_file(t, s):
+    f = t / "out"
+    f.write_text("my notes\n")
+    return "comsim", _convert(t, s, s / "micro", None, f), str(f)
+
+
+@case("output")
+def convert_output_foreign_folder(t, s):
+    (t / "out").mkdir()
+    (t / "out" / "thesis.tex").write_text("precious\n")
+    return "comsim", _convert(t, s, s / "micro"), str(t / "out")
+
+
+@case("output")
+def generate_out_is_a_lab_dataset(t, s):
+    lab = copy(s / "sim", t / "lab")
+    (lab / "lab_truth.json").write_text(json.dumps({"format": 1, "task": {"name": "push"}}))
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--out", str(lab), "--no-progress"], str(lab)
+
+
+@case("output")
+def generate_out_is_a_file(t, s):
+    f = t / "out"
+    f.write_text("not a folder\n")
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--out", str(f), "--no-progress"], str(f)
+
+
+@case("output")
+def lab_record_into_user_folder(t, s):
+    (t / "out" / "calibration").mkdir(parents=True)
+    (t / "out" / "calibration" / "my_stills.png").write_bytes(b"\x89PNG user data")
+    return "comsim", ["lab", "record", "--task", "push", "--episodes", "1", "--out", str(t / "out")], str(t / "out")
+
+
+@case("output")
+def replay_out_is_the_real_dataset(t, s):
+    d = copy(s / "real", t / "d")
+    return "comsim", ["twin", "replay", "--real", str(d), "--twin", str(SCENE), "--out", str(d)], str(d)
+
+
+@case("output")
+def replay_into_user_folder(t, s):
+    (t / "out").mkdir()
+    (t / "out" / "keep.txt").write_text("mine\n")
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(SCENE), "--out", str(t / "out")], \
+        str(t / "out")
+
+
+@case("output")
+def i3d_url_without_opt_in(t, s):
+    return "comsim", ["eval", "video", "--pred", str(s / "sim"), "--ref", str(s / "sim"), "--camera", "front_sim",
+                      "--metrics", "fvd", "--i3d", "http://127.0.0.1:9/i3d.pt"], "--i3d"
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def _script_main(name: str):
+    path = ROOT / ({"train": "train/train_translator.py", "eval_policy": "eval/eval_policy.py"}[name])
+    spec = importlib.util.spec_from_file_location(f"_script_{name}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.main
+
+
+def snapshot(*roots: Path) -> dict:
+    out = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            st = p.lstat()
+            out[str(p)] = (p.is_dir(), st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_malformed_input_is_refused_cleanly(name, shared, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a command that writes relative paths would write here: checked too
+    work = tmp_path / "case"
+    work.mkdir()
+    prog, argv, named = CASES[name](work, shared)
+    before = snapshot(tmp_path, shared)
+    capsys.readouterr()
+    main = cli.main if prog == "comsim" else _script_main(prog)
+    rc = main(argv)
+    err = capsys.readouterr().err
+    assert rc == 2, f"exit code {rc}; stderr: {err[-2000:]}"
+    lines = [ln for ln in err.splitlines() if ": error: " in ln]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    assert named in lines[0], f"message does not name {named!r}: {lines[0]}"
+    assert snapshot(tmp_path, shared) == before, "files were written or changed"
+    assert not Path("/tmp/escaped").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_enough_malformed_inputs_of_every_kind():
+    kinds = {name.split(":")[0] for name in CASES}
+    assert len(CASES) >= 40 and kinds == {"scene", "task", "lab_cell", "experiment", "translator_config",
+                                          "translator_folder", "dataset", "calibration", "output"}
+
+
+# ----------------------------------------------------------------------------- library level
+
+
+def test_reader_refuses_paths_out_of_the_dataset(shared, tmp_path):
+    d = copy(shared / "sim", tmp_path / "d")
+    info = d / "meta" / "info.json"
+    good = json.loads(info.read_text())
+    for key, value in (("data_path", "/etc/passwd"), ("data_path", "../x/{chunk_index}.parquet"),
+                       ("video_path", "../../{video_key}.mp4")):
+        info.write_text(json.dumps({**good, key: value}))
+        with pytest.raises(DatasetError, match=key):
+            LeRobotDataset(d)
+    info.write_text(json.dumps(good))
+    assert len(LeRobotDataset(d)) == 2  # and the intact dataset still reads
+
+
+def test_writer_refuses_escaping_names_and_symlinked_folders(tmp_path):
+    from comsim.errors import ComSimError
+
+    with pytest.raises(ComSimError, match="plain name"):
+        DatasetWriter(tmp_path / "a", 10).add_episode(sim_episode(0, cams=("../../x",)))
+    assert not (tmp_path / "x.mp4").exists() and not any(tmp_path.rglob("*.mp4"))
+    # A dataset folder whose videos/ is a symlink elsewhere: close() refuses to write through it.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    w = DatasetWriter(tmp_path / "b", 10)
+    w.add_episode(sim_episode(0))
+    (tmp_path / "b" / "videos").symlink_to(outside)
+    with pytest.raises(DatasetError, match="inside"):
+        w.close()
+    assert not any(outside.rglob("*"))
+    with pytest.raises(DatasetError, match="finite"):
+        ep = sim_episode(1)
+        ep.state[2, 3] = np.nan
+        DatasetWriter(tmp_path / "c", 10).add_episode(ep)
+
+
+def test_codec_hub_id_needs_opt_in_but_a_local_vae_loads_offline(tmp_path, monkeypatch):
+    from diffusers import AutoencoderKL
+
+    from comsim.translator.codec import CodecError, DiffusersVAECodec, load_codec
+
+    vae = AutoencoderKL(block_out_channels=(8,), down_block_types=("DownEncoderBlock2D",),
+                        up_block_types=("UpDecoderBlock2D",), latent_channels=2, norm_num_groups=4,
+                        layers_per_block=1)
+    DiffusersVAECodec("tiny", vae=vae).save_pretrained(tmp_path / "m")
+    codec = load_codec(tmp_path / "m")  # the copied-in VAE: offline
+    assert codec.latent_channels == 2
+    (tmp_path / "m" / "codec.json").write_text(json.dumps({"type": "diffusers_vae", "pretrained": "org/vae"}))
+    monkeypatch.delenv("COMSIM_ALLOW_DOWNLOAD", raising=False)
+    with pytest.raises(CodecError, match="allow-download"):
+        load_codec(tmp_path / "m")
+    (tmp_path / "m" / "codec.json").write_text(json.dumps({"type": "diffusers_vae", "pretrained": "../m/vae"}))
+    with pytest.raises(CodecError, match="inside"):
+        load_codec(tmp_path / "m")
+
+
+def test_convert_retries_cleanly_after_a_bad_model(shared, tmp_path):
+    """A bad model folder leaves nothing behind, so the rerun with the right one just works."""
+    bad = copy(shared / "micro", tmp_path / "bad")
+    w = bad / "transformer" / "diffusion_pytorch_model.safetensors"
+    w.write_bytes(w.read_bytes()[:100])
+    out = tmp_path / "pseudo"
+    assert cli.main(_convert(tmp_path, shared, bad, None, out)) == 2 and not out.exists()
+    assert cli.main(_convert(tmp_path, shared, shared / "micro", None, out)) == 0
+    assert len(LeRobotDataset(out)) == 2
+
+
+def test_unexpected_errors_keep_their_traceback(monkeypatch):
+    import comsim.convert
+
+    def boom(*a, **k):
+        raise ZeroDivisionError("a bug")
+    monkeypatch.setattr(comsim.convert, "convert_dataset", boom)
+    with pytest.raises(ZeroDivisionError):
+        cli.main(["convert", "--model", "m", "--input", "i", "--output", "o"])
