@@ -27,8 +27,10 @@ from comsim.lab import record_dataset  # noqa: E402
 from comsim.policy import (DiffusionPolicy, MixtureConfig, MixtureDataset, PolicyRunConfig, SourceConfig,  # noqa: E402
                            TrainConfig, diffusion_config, evaluate, load_experiment, run_experiment, train_policy,
                            trial_seeds, wilson_interval)
+from comsim.policy.config import DiffusionConfig, PanelConfig, policy_config  # noqa: E402
+from comsim.policy.keypoint import KeypointConfig, KeypointPolicy  # noqa: E402
+from comsim.policy.policies import load_policy, make_policy  # noqa: E402
 from comsim.policy.rollout import panel_layouts  # noqa: E402
-from comsim.policy.config import PanelConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"preset": "tiny"}
@@ -317,15 +319,118 @@ def test_rollout_in_the_lab_runs_n_trials(data, tmp_path):
     assert all(1 <= t["steps"] <= 5 for t in res["trials"])
     lo, hi = res["ci95"]
     assert lo <= res["success_rate"] <= hi and res["success_rate"] == res["successes"] / 4
-    assert (tmp_path / "ood_trial000.mp4").is_file()
+    # The first trial (videos=1) and the first success and failure have a video, named by the
+    # outcome and given relative to video_dir's parent (an arm's folder); the others have none.
+    with_video = [t for t in res["trials"] if t["video"]]
+    assert with_video[0]["trial"] == 0 and {t["success"] for t in with_video} == {t["success"] for t in res["trials"]}
+    for t in res["trials"]:
+        if t["video"]:
+            assert t["video"] == f"{tmp_path.name}/ood_trial{t['trial']:03d}_{'success' if t['success'] else 'failure'}.mp4"
+            assert (tmp_path.parent / t["video"]).is_file()
+    assert sorted(p.name for p in tmp_path.glob("*.mp4")) == sorted(Path(t["video"]).name for t in with_video)
     # OOD trials start where the panel says: the cube outside its demonstration region.
     for t in res["trials"]:
         box = res["layouts"][t["box"]]["red_cube"]
-        x, y = t["start_xy"]["red_cube"]
+        x, y = t["start_xy"]
         assert box["x"][0] <= x <= box["x"][1] and box["y"][0] <= y <= box["y"][1]
+        assert t["objects_start_xy"]["red_cube"] == t["start_xy"] and t["target_xy"] == [0.5, 0.12]
+        assert t["final_distance"] == pytest.approx(np.hypot(*np.subtract(t["final_xy"], t["target_xy"])), abs=1e-4)
     # Same seeds, same policy: same trajectories.
     again = evaluate(policy, "push", n_trials=2, panel="ood", max_seconds=0.5, progress=False, seed=5)
-    assert again["trials"] == res["trials"][:2]
+    assert [{**t, "video": None} for t in again["trials"]] == [{**t, "video": None} for t in res["trials"][:2]]
+
+
+# ---------------------------------------------------------------- keypoint policy (the CPU policy)
+
+KP = {"type": "keypoint", "image_size": [32, 32], "channels": [8, 16], "strides": [2, 1], "num_keypoints": 4,
+      "hidden_dim": 32, "horizon": 4}
+UNIT_STATS = {"action": {"min": np.zeros(8), "max": np.ones(8)}, "observation.state": {"min": np.zeros(8), "max": np.ones(8)}}
+
+
+def test_policy_type_selects_the_config_and_errors_name_the_field():
+    assert isinstance(policy_config({}), DiffusionConfig)
+    assert isinstance(policy_config({"preset": "tiny"}), DiffusionConfig)
+    cfg = policy_config({"type": "keypoint"})
+    assert isinstance(cfg, KeypointConfig) and cfg.image_size == (128, 128)  # the lab camera's resolution
+    with pytest.raises(ConfigError, match=r"policy.type: expected one of \('diffusion', 'keypoint'\)"):
+        policy_config({"type": "act"})
+    with pytest.raises(ConfigError, match="policy: unknown key"):
+        policy_config({"type": "keypoint", "preset": "tiny"})
+    with pytest.raises(ConfigError, match="policy.n_action_steps"):
+        policy_config({**KP, "n_action_steps": 5})
+    with pytest.raises(ConfigError, match="policy.channels"):
+        policy_config({**KP, "strides": [2]})
+
+
+def test_keypoint_loss_masks_padding_and_save_load_reproduces_actions(tmp_path):
+    torch.manual_seed(0)
+    p = make_policy(policy_config(KP), stats=UNIT_STATS).train()
+    g = torch.Generator().manual_seed(0)
+    batch = {"images": torch.randint(0, 256, (3, 1, 3, 32, 32), generator=g, dtype=torch.uint8),
+             "state": torch.rand(3, 1, 8, generator=g), "action": torch.rand(3, 4, 8, generator=g),
+             "action_is_pad": torch.zeros(3, 4, dtype=torch.bool)}
+    loss = p.compute_loss(batch, torch.Generator().manual_seed(1))
+    loss.backward()
+    assert torch.isfinite(loss) and all(q.grad is not None for q in p.parameters())
+    # A padded step's target does not count.
+    p.eval()
+    junk = {**batch, "action": batch["action"].clone(), "action_is_pad": batch["action_is_pad"].clone()}
+    junk["action"][:, -1] += 100
+    junk["action_is_pad"][:, -1] = True
+    masked = {**batch, "action_is_pad": junk["action_is_pad"]}
+    assert p.compute_loss(junk).item() == pytest.approx(p.compute_loss(masked).item(), rel=1e-6)
+    p.save_pretrained(tmp_path / "kp")
+    q = load_policy(tmp_path / "kp")
+    assert isinstance(q, KeypointPolicy) and json.loads((tmp_path / "kp" / "config.json").read_text())["type"] == "keypoint"
+    rng = np.random.default_rng(0)
+    obs = [{"image": rng.integers(0, 256, (128, 128, 3), dtype=np.uint8), "state": rng.random(8, dtype=np.float32)}
+           for _ in range(6)]  # full camera frames: resized to the policy's image_size
+    p.reset(), q.reset()
+    a = np.stack([p.select_action(o) for o in obs])
+    b = np.stack([q.select_action(o) for o in obs])
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(FileNotFoundError, match="not a saved policy folder"):
+        load_policy(tmp_path)
+
+
+def test_keypoint_temporal_ensembling_averages_the_overlapping_chunks():
+    torch.manual_seed(0)
+    m = 0.5
+    p = make_policy(policy_config({**KP, "temporal_ensemble_coeff": m}), stats=UNIT_STATS).eval()
+    rng = np.random.default_rng(0)
+    obs = [{"image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "state": rng.random(8, dtype=np.float32)}
+           for _ in range(6)]
+    chunks = [p.sample_actions(torch.from_numpy(o["image"]).permute(2, 0, 1)[None, None],
+                               torch.from_numpy(o["state"])[None, None])[0].numpy() for o in obs]
+    p.reset()
+    got = [p.select_action(o) for o in obs]
+    for t in range(6):  # chunks made at frames t-3..t predict frame t; the oldest weighs most
+        preds = [chunks[s][t - s] for s in range(max(0, t - 3), t + 1)]
+        w = np.exp(-m * np.arange(len(preds)))
+        np.testing.assert_allclose(got[t], (w[:, None] * np.stack(preds)).sum(0) / w.sum(), rtol=1e-5, atol=1e-6)
+    # Without ensembling: n_action_steps of each chunk, as they are.
+    p2 = make_policy(policy_config({**KP, "temporal_ensemble_coeff": None, "n_action_steps": 2}), stats=UNIT_STATS)
+    p2.load_state_dict(p.state_dict())
+    p2.eval().reset()
+    got = [p2.select_action(o) for o in obs]
+    for t in range(6):
+        np.testing.assert_allclose(got[t], chunks[t - t % 2][t % 2], rtol=1e-6)
+
+
+def test_keypoint_policy_trains_and_runs_in_the_lab(data, tmp_path):
+    """A few real training steps on a recorded lab episode, then one short closed-loop trial."""
+    run = PolicyRunConfig(output_dir=str(tmp_path / "run"), policy={**KP, "image_size": [64, 64]},
+                          cache_dir=str(tmp_path / "cache"), data=MixtureConfig([SourceConfig(data["real"])]),
+                          train=TrainConfig(steps=30, batch_size=8, lr=3e-3, warmup_steps=2, log_every=10))
+    log = train_policy(run, progress=False)
+    assert log["history"][-1]["loss"] < log["history"][0]["loss"]
+    assert log["threads"] >= 1 and log["cpu_s"] > 0 and tuple(log["policy"]["image_size"]) == (64, 64)
+    policy = load_policy(tmp_path / "run" / "policy")
+    assert isinstance(policy, KeypointPolicy)
+    res = evaluate(policy, "push", n_trials=1, max_seconds=0.5, progress=False, seed=5, video_dir=tmp_path / "videos")
+    t = res["trials"][0]
+    assert t["steps"] == 5 and not t["success"] and t["video"].endswith("_failure.mp4")
+    assert (tmp_path / t["video"]).is_file()
 
 
 # ---------------------------------------------------------------- experiment
@@ -400,11 +505,29 @@ def test_experiment_runner_micro(data, tmp_path):
         load_experiment(path, ["train.stepz=3"])
 
 
+def test_lab_dataset_build_takes_start_regions(tmp_path):
+    """`build: lab` with `regions`: the demonstrations start where the spec says (e.g. a wider
+    cube region that covers the OOD panel), recorded in the lab's own look and physics."""
+    from comsim.lab.truth import read_episode_truth
+    from comsim.policy.experiment import ensure_datasets
+    box = {"x": [0.62, 0.66], "y": [-0.18, -0.15], "yaw": [0.0, 0.1]}
+    cfg = load_experiment(micro_experiment({"real": str(tmp_path / "lab"), "sim": "x", "pseudo": "y"}, tmp_path / "exp"),
+                          ["datasets.real.build=lab", "datasets.real.episodes=1", "datasets.real.seed=4",
+                           f"datasets.real.regions={{red_cube: {json.dumps(box)}}}"])
+    assert ensure_datasets(cfg, {"real"}, log=lambda *_: None) == {"real": None}
+    cube = list(read_episode_truth(tmp_path / "lab", 0)["object_names"]).index("red_cube")
+    x, y = read_episode_truth(tmp_path / "lab", 0)["object_pos"][0, cube, :2]
+    assert box["x"][0] <= x <= box["x"][1] and box["y"][0] <= y <= box["y"][1]
+
+
 def test_shipped_experiment_configs_load():
     for name in ("demo_small", "compsim_table"):
         cfg = load_experiment(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert cfg.claim is not None and set(cfg.eval.panels) == {"id", "ood"}
         assert {a.name for a in cfg.all_arms()} >= {cfg.claim.arm, *cfg.claim.beats}
+    oracle = load_experiment(ROOT / "configs" / "experiments" / "lab_oracle.yaml")
+    assert isinstance(policy_config(oracle.policy), KeypointConfig) and oracle.train.steps <= 4000
+    assert oracle.datasets["lab_wide"].regions["red_cube"].x == [0.35, 0.67]
 
 
 @pytest.mark.slow

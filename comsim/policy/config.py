@@ -82,6 +82,10 @@ class DiffusionConfig:
     def input_shape(self) -> tuple[int, int]:
         return self.crop_shape or self.image_size
 
+    def describe(self, num_inference_steps: int | None = None) -> str:
+        return (f"Diffusion Policy (ResNet-18 width {self.backbone_width}, {self.image_size[0]}x{self.image_size[1]} "
+                f"images, U-Net {list(self.down_dims)}, DDIM {num_inference_steps or self.num_inference_steps} steps)")
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -99,10 +103,27 @@ PRESETS: dict[str, dict] = {
 def diffusion_config(data: dict | None = None, where: str = "policy") -> DiffusionConfig:
     """A DiffusionConfig from a YAML mapping; ``preset: tiny|small|default`` fills the rest."""
     data = dict(data or {})
+    data.pop("type", None)
     preset = data.pop("preset", "default")
     if preset not in PRESETS:
         raise ConfigError(f"{where}.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
     return from_dict(DiffusionConfig, {**PRESETS[preset], **data}, where)
+
+
+POLICY_TYPES = ("diffusion", "keypoint")
+
+
+def policy_config(data: dict | None = None, where: str = "policy"):
+    """The config of the policy a YAML mapping names with ``type`` (default ``diffusion``:
+    the GPU default; ``keypoint``: the CPU policy of ``keypoint.py``)."""
+    data = dict(data or {})
+    kind = data.pop("type", "diffusion")
+    if kind == "diffusion":
+        return diffusion_config(data, where)
+    if kind == "keypoint":
+        from comsim.policy.keypoint import KeypointConfig  # keypoint.py imports model.py, which imports this file
+        return from_dict(KeypointConfig, data, where)
+    raise ConfigError(f"{where}.type: expected one of {POLICY_TYPES}, got {kind!r}")
 
 
 @dataclass
@@ -167,15 +188,15 @@ class PolicyRunConfig:
     """One training run: a model, a mixture, an optimisation, an output folder."""
     output_dir: str
     data: MixtureConfig
-    policy: dict = field(default_factory=dict)  # DiffusionConfig fields, optionally `preset: tiny`
+    policy: dict = field(default_factory=dict)  # `type` (diffusion | keypoint) and its config's fields
     train: TrainConfig = field(default_factory=TrainConfig)
     cache_dir: str | None = None  # decoded, resized frames shared between runs (memory-mapped .npy)
 
     def __post_init__(self):
         self.model_config()  # errors name policy.<field>
 
-    def model_config(self) -> DiffusionConfig:
-        return diffusion_config(self.policy)
+    def model_config(self):
+        return policy_config(self.policy)
 
 
 @dataclass

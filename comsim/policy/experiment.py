@@ -31,8 +31,8 @@ from pathlib import Path
 from comsim.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from comsim.episode import hash_dict
 from comsim.io.video import atomic_output
-from comsim.policy.config import (EvalConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig,
-                                  diffusion_config)
+from comsim.lab.cell import Region
+from comsim.policy.config import EvalConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig, policy_config
 
 BUILDS = ("lab", "factory", "convert")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -58,6 +58,9 @@ class DatasetSpec:
     w_sim: float | None = None
     steps: int | None = None
     workers: int = 1  # factory / convert: processes
+    # lab: start regions that replace the task's own (object name -> x, y, yaw ranges), e.g.
+    # a wider cube region so that the demonstrations also cover the OOD panel's layouts
+    regions: dict[str, Region] | None = None
 
     def __post_init__(self):
         if self.build is not None and self.build not in BUILDS:
@@ -98,14 +101,14 @@ class ExperimentConfig:
     task: str = "push"
     cell: str | None = None  # lab cell YAML (default: the built-in lab)
     sweep: SweepConfig | None = None
-    policy: dict = field(default_factory=dict)  # DiffusionConfig fields; `preset: tiny | small | default`
+    policy: dict = field(default_factory=dict)  # `type: diffusion` (default; `preset: tiny | small | default`) | `keypoint`
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     claim: ClaimConfig | None = None
     cache_dir: str | None = None  # decoded frames shared by arms; default <output_dir>/cache
 
     def __post_init__(self):
-        diffusion_config(self.policy)  # validate early: errors name policy.<field>
+        policy_config(self.policy)  # validate early: errors name policy.<field>
         names = [a.name for a in self.all_arms()]
         for n in names:
             if not NAME_RE.match(n):
@@ -165,7 +168,7 @@ def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[
 def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
-    key = hash_dict({"data": to_dict(mix), "policy": diffusion_config(cfg.policy).to_dict(), "train": train})
+    key = hash_dict({"data": to_dict(mix), "policy": policy_config(cfg.policy).to_dict(), "train": train})
     out = Path(cfg.output_dir)
     return PolicyRunConfig(output_dir=str(out / "arms" / f"{arm.name}-{key[:8]}"), data=mix, policy=dict(cfg.policy),
                            train=cfg.train, cache_dir=cfg.cache_dir or str(out / "cache"))
@@ -191,9 +194,11 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
         if (path / "meta" / "info.json").is_file():
             pass
         elif spec.build == "lab":
-            from comsim.lab import record_dataset
+            from comsim.lab import load_lab_cell, record_dataset
+            from comsim.policy.rollout import panel_cell
+            cell = panel_cell(load_lab_cell(cfg.cell), cfg.task, spec.regions or {})
             log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {path}")
-            record_dataset(cfg.task, spec.episodes, path, seed=spec.seed, cell=cfg.cell, resume=True)
+            record_dataset(cfg.task, spec.episodes, path, seed=spec.seed, cell=cell, resume=True)
         elif spec.build == "factory":
             from comsim.factory.generate import generate_dataset
             log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
@@ -225,7 +230,7 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
 
 def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True) -> dict:
     from comsim.policy.data import MixtureDataset
-    from comsim.policy.model import DiffusionPolicy
+    from comsim.policy.policies import load_policy
     from comsim.policy.rollout import evaluate, trial_seeds
     from comsim.policy.training import train_policy, write_json
 
@@ -246,7 +251,7 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
             panels[pname] = json.loads(path.read_text())
             continue
         if policy is None:
-            policy = DiffusionPolicy.from_pretrained(out / "policy")
+            policy = load_policy(out / "policy")
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
         res = evaluate(policy, cfg.task, cfg.eval.n_trials, panel=panel, cell=cfg.cell, seed=cfg.eval.seed,
                        max_seconds=cfg.eval.max_seconds, num_inference_steps=cfg.eval.num_inference_steps,
@@ -258,8 +263,8 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
     return {"name": arm.name, "status": "done", "label": arm.label or _label(mix["parts"]), "dir": str(out),
             "synthetic_fraction": mix["synthetic_fraction"], "synthetic_fraction_requested": arm.synthetic_fraction,
             "sampled_fraction": mix["sampled_fraction"], "data": mix["parts"],
-            "train": {k: train_log[k] for k in ("steps", "batch_size", "step_time_s", "wall_s", "final_loss",
-                                                "num_parameters")},
+            "train": {k: train_log.get(k) for k in ("steps", "batch_size", "step_time_s", "wall_s", "cpu_s", "threads",
+                                                    "final_loss", "num_parameters")},
             "panels": {p: {k: r[k] for k in ("success_rate", "ci95", "successes", "n_trials", "wall_s")}
                        for p, r in panels.items()}}
 
@@ -391,11 +396,9 @@ def _fraction(r: dict) -> str:
 
 def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     panels = list(cfg.eval.panels)
-    pol = diffusion_config(cfg.policy)
+    pol = policy_config(cfg.policy)
     lines = [f"# {cfg.name}", "",
-             f"Task `{cfg.task}` in the lab; Diffusion Policy (ResNet-18 width {pol.backbone_width}, "
-             f"{pol.image_size[0]}x{pol.image_size[1]} images, U-Net {list(pol.down_dims)}, DDIM "
-             f"{cfg.eval.num_inference_steps or pol.num_inference_steps} steps), {cfg.train.steps} training steps of "
+             f"Task `{cfg.task}` in the lab; {pol.describe(cfg.eval.num_inference_steps)}, {cfg.train.steps} training steps of "
              f"batch {cfg.train.batch_size}; {cfg.eval.n_trials} seeded trials per panel; success rate with "
              "95% Wilson interval (successes/trials).", ""]
     sweep = set(doc["sweep"])

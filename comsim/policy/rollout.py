@@ -1,6 +1,6 @@
 """Closed-loop scoring of a policy in the lab: N seeded trials, success rate, Wilson 95% interval.
 
-    policy = DiffusionPolicy.from_pretrained("runs/exp/arms/real-1a2b/policy")
+    policy = load_policy("runs/exp/arms/real-1a2b/policy")   # comsim.policy.policies
     res = evaluate(policy, task="push", n_trials=50, panel="ood")
     res["success_rate"], res["ci95"]
 
@@ -13,6 +13,13 @@ with other regions, so the policy meets the lab's own look and physics, built by
 noise) and samples its diffusion noise from a generator seeded with the same number: the
 same policy and seed give the same result. The policy executes ``n_action_steps`` of each
 predicted chunk, then re-plans; a trial ends at success or at the timeout.
+
+Each trial's record holds ``seed``, ``success``, the main object's ``start_xy`` and
+``final_xy`` (m, table frame), the goal's ``target_xy`` (push: the target's centre; null
+when the task has no fixed goal), ``final_distance`` to it, every object's start and final
+x, y, and ``video``: the path of its mp4 relative to ``video_dir``'s parent (the arm's
+folder in an experiment), or null. With a ``video_dir``, the first successful and the first
+failed trial of the panel are always saved, besides the first ``videos`` trials.
 """
 from __future__ import annotations
 
@@ -94,7 +101,10 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
     if len(seeds) != n_trials:
         raise ValueError(f"evaluate: {len(seeds)} seeds for {n_trials} trials")
     layouts = panel_layouts(base, task, panel_cfg)
+    obj = main_object(base, task)
+    target = [float(v) for v in base.tasks.push.target] if task == "push" else None
     policy.eval()
+    saved = {True: False, False: False}  # a video of a success / of a failure is written
     trials, t0 = [], time.time()
     bar = None
     if progress:
@@ -107,8 +117,17 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
         with LabEnv(panel_cell(base, task, layout), task) as env:
             limit = env.max_frames if max_seconds is None else min(env.max_frames, math.ceil(max_seconds * env.fps))
             for i in mine:
-                trials.append(_trial(policy, env, seeds[i], i, b, limit, num_inference_steps,
-                                     Path(video_dir) / f"{name}_trial{i:03d}.mp4" if video_dir and i < videos else None))
+                trial, frames = _trial(policy, env, seeds[i], i, b, limit, num_inference_steps, obj, target,
+                                       keep_frames=video_dir is not None)
+                trial["video"] = None
+                if frames is not None and (i < videos or not saved[trial["success"]]):
+                    from comsim.io.video import write_video
+                    path = Path(video_dir) / f"{name}_trial{i:03d}_{'success' if trial['success'] else 'failure'}.mp4"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    write_video(path, frames, env.fps)
+                    trial["video"] = path.relative_to(Path(video_dir).parent).as_posix()
+                    saved[trial["success"]] = True
+                trials.append(trial)
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(success=sum(t["success"] for t in trials))
@@ -123,13 +142,13 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
             "max_frames": limit, "wall_s": time.time() - t0, "trials": trials}
 
 
-def _trial(policy, env: LabEnv, seed: int, index: int, box: int, limit: int, steps: int | None,
-           video: Path | None) -> dict:
+def _trial(policy, env: LabEnv, seed: int, index: int, box: int, limit: int, steps: int | None, obj: str,
+           target: list[float] | None, keep_frames: bool) -> tuple[dict, np.ndarray | None]:
     obs = env.reset(seed)
     start = _object_xy(env)
     policy.reset()
     gen = torch.Generator().manual_seed(int(seed))
-    frames = [obs["image"]] if video else None
+    frames = [obs["image"]] if keep_frames else None
     success, n = False, 0
     for n in range(1, limit + 1):
         action = policy.select_action(obs, gen, num_inference_steps=steps)
@@ -139,12 +158,12 @@ def _trial(policy, env: LabEnv, seed: int, index: int, box: int, limit: int, ste
             frames.append(obs["image"])
         if success or done:
             break
-    if video is not None:
-        from comsim.io.video import write_video
-        video.parent.mkdir(parents=True, exist_ok=True)
-        write_video(video, np.stack(frames), env.fps)
-    return {"trial": index, "seed": int(seed), "box": box, "success": bool(success), "steps": n,
-            "start_xy": start, "final_xy": _object_xy(env)}
+    final = _object_xy(env)
+    dist = None if target is None else round(float(np.hypot(*np.subtract(final[obj], target))), 4)
+    return ({"trial": index, "seed": int(seed), "box": box, "success": bool(success), "steps": n,
+             "start_xy": start[obj], "final_xy": final[obj], "target_xy": target, "final_distance": dist,
+             "objects_start_xy": start, "objects_final_xy": final},
+            np.stack(frames) if frames is not None else None)
 
 
 def _object_xy(env: LabEnv) -> dict[str, list[float]]:

@@ -1,4 +1,4 @@
-"""Training loop of the Diffusion Policy (``train/train_policy.py`` and the experiment call it).
+"""Training loop of a policy (Diffusion Policy or keypoint policy, (``train/train_policy.py`` and the experiment call it).
 
     log = train_policy(run)       # run: PolicyRunConfig -> run.output_dir/policy/ (safetensors + config.json)
 
@@ -24,7 +24,8 @@ from comsim.config import to_dict
 from comsim.io.files import write_json
 from comsim.policy.config import PolicyRunConfig
 from comsim.policy.data import MixtureDataset
-from comsim.policy.model import WEIGHTS_NAME, DiffusionPolicy
+from comsim.policy.model import WEIGHTS_NAME
+from comsim.policy.policies import make_policy
 
 LOG_NAME = "train_log.json"
 
@@ -45,7 +46,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         torch.set_num_threads(t.num_threads)
     data = data or MixtureDataset(run.data, cfg, run.cache_dir)
     torch.manual_seed(t.seed)
-    policy = DiffusionPolicy(cfg, stats=data.stats())
+    policy = make_policy(cfg, stats=data.stats())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy.to(device).train()
     opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
@@ -63,7 +64,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
 
     from torch.utils.tensorboard import SummaryWriter
     tb = SummaryWriter(str(out / "tb"))
-    t0, step_times, window = time.time(), [], []
+    t0, cpu0, step_times, window = time.time(), time.process_time(), [], []
     bar = range(start, t.steps)
     if progress:
         from tqdm.auto import tqdm
@@ -97,6 +98,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     steady = step_times[3:] or step_times
     log = {"output_dir": str(out), "steps": t.steps, "batch_size": t.batch_size, "device": device,
            "step_time_s": float(np.median(steady)) if steady else None, "wall_s": time.time() - t0,
+           "cpu_s": time.process_time() - cpu0, "threads": torch.get_num_threads(),
            "final_loss": history[-1]["loss"] if history else None, "history": history,
            "mixture": data.summary(), "train": to_dict(t), "policy": cfg.to_dict(),
            "num_parameters": sum(p.numel() for p in policy.parameters())}

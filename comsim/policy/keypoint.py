@@ -1,0 +1,262 @@
+"""A CPU policy: small CNN -> spatial-softmax keypoints -> MLP -> action chunk, trained with L1.
+
+    obs image (B, n_obs, 3, H, W) uint8 ─► conv stack (GroupNorm) ─► spatial softmax keypoints ─┐
+    obs state (B, n_obs, S) ─► min-max to [-1, 1] ───────────────────────────────────────────────┴► MLP ─► (B, horizon, A)
+
+The Diffusion Policy (``model.py``) is the GPU default; on two CPU cores it does not learn
+the push task in minutes. This policy is the deterministic half of ACT (Zhao et al. 2023)
+on the vision stack of Levine et al. (2016): a regression of a whole action chunk with an
+L1 loss, and at run time a new chunk every ``n_action_steps`` frames whose overlapping
+predictions are averaged (temporal ensembling, weights ``exp(-m * age_rank)``, oldest
+first, as ACT does). One forward pass per chunk instead of ten denoising passes, and no
+noise to learn: a few thousand steps at 128x128 fit in minutes on one core.
+
+Augmentation in training: a random shift of up to ``shift`` pixels (replicate padding, then
+a crop back to size; DrQ's), the whole frame at inference. Normalisation as the Diffusion
+Policy's (min-max to [-1, 1], stored as buffers): ``save_pretrained`` / ``from_pretrained``
+reproduce actions exactly, and ``select_action`` has the same signature, so the rollout and
+the experiment run either policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from comsim.config import ConfigError
+from comsim.io.video import atomic_output
+from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, STAT_RANGE_EPS, SpatialSoftmax, resize_frames
+
+
+@dataclass
+class KeypointConfig:
+    # -- inputs / outputs
+    state_dim: int = 8
+    action_dim: int = 8
+    n_obs_steps: int = 1  # observations the policy sees (1: the current frame)
+    horizon: int = 16  # actions predicted per chunk, starting at the oldest observation
+    n_action_steps: int = 1  # frames between chunks (1: a new chunk every frame, ensembled)
+    temporal_ensemble_coeff: float | None = 0.01  # ACT's m; null: execute n_action_steps of each chunk as is
+    image_size: tuple[int, int] = (128, 128)  # (H, W): the lab camera's and the translator's resolution
+    shift: int = 6  # px of random shift in training (0: none)
+    # -- vision: conv stack, GroupNorm, spatial softmax
+    channels: tuple[int, ...] = (16, 32, 32, 64)
+    strides: tuple[int, ...] = (2, 2, 1, 1)  # the first conv is 5x5, the others 3x3
+    num_keypoints: int = 32
+    # -- head
+    use_state: bool = True  # the measured joint positions join the keypoints
+    hidden_dim: int = 256
+    mlp_layers: int = 2
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        self.image_size = tuple(self.image_size)
+        self.channels, self.strides = tuple(self.channels), tuple(self.strides)
+        if self.n_obs_steps < 1 or self.horizon < 1 or self.n_action_steps < 1:
+            raise ConfigError("policy: n_obs_steps, horizon and n_action_steps must be >= 1")
+        if self.n_action_steps > self.horizon - self.n_obs_steps + 1:
+            raise ConfigError(f"policy.n_action_steps: {self.n_action_steps} > horizon - n_obs_steps + 1 = "
+                              f"{self.horizon - self.n_obs_steps + 1} (the actions after the current step)")
+        if len(self.channels) != len(self.strides) or not self.channels:
+            raise ConfigError(f"policy.channels {self.channels} and policy.strides {self.strides}: "
+                              "expected two lists of the same non-zero length")
+        if any(c % 8 for c in self.channels):
+            raise ConfigError(f"policy.channels: expected multiples of 8 (GroupNorm groups of 8), got {self.channels}")
+        if self.temporal_ensemble_coeff is not None and self.temporal_ensemble_coeff < 0:
+            raise ConfigError(f"policy.temporal_ensemble_coeff: expected >= 0 or null, got "
+                              f"{self.temporal_ensemble_coeff}")
+        if self.shift < 0 or self.mlp_layers < 1 or not 0 <= self.dropout < 1:
+            raise ConfigError("policy: shift >= 0, mlp_layers >= 1 and dropout in [0, 1) expected")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def describe(self, num_inference_steps: int | None = None) -> str:
+        ens = (f"temporal ensembling m={self.temporal_ensemble_coeff:g}" if self.temporal_ensemble_coeff is not None
+               else f"{self.n_action_steps} actions per chunk")
+        return (f"keypoint policy (CNN {list(self.channels)}, {self.num_keypoints} spatial-softmax keypoints, "
+                f"{self.image_size[0]}x{self.image_size[1]} images, L1 on chunks of {self.horizon}, {ens})")
+
+
+class KeypointEncoder(nn.Module):
+    """uint8-range image in [-1, 1] (B, 3, H, W) -> keypoint coordinates (B, 2K)."""
+
+    def __init__(self, cfg: KeypointConfig):
+        super().__init__()
+        layers, cin = [], 3
+        for i, (c, s) in enumerate(zip(cfg.channels, cfg.strides)):
+            k = 5 if i == 0 else 3
+            layers += [nn.Conv2d(cin, c, k, s, k // 2), nn.GroupNorm(c // 8, c), nn.ReLU(inplace=True)]
+            cin = c
+        self.net = nn.Sequential(*layers)
+        with torch.no_grad():
+            fmap = self.net(torch.zeros(1, 3, *cfg.image_size))
+        self.pool = SpatialSoftmax(cin, fmap.shape[2], fmap.shape[3], cfg.num_keypoints)
+        self.feature_dim = 2 * cfg.num_keypoints
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.net(x))
+
+
+def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
+    """(N, C, H, W): each image shifted by up to ``pad`` px (replicate padding, then a crop)."""
+    if pad <= 0:
+        return x
+    n, _, H, W = x.shape
+    padded = F.pad(x, (pad, pad, pad, pad), mode="replicate")
+    off = torch.randint(0, 2 * pad + 1, (n, 2), generator=generator, device="cpu").tolist()
+    return torch.stack([padded[i, :, t:t + H, l:l + W] for i, (t, l) in enumerate(off)])
+
+
+class KeypointPolicy(nn.Module):
+    def __init__(self, cfg: KeypointConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
+        super().__init__()
+        self.config = cfg
+        self.encoder = KeypointEncoder(cfg)
+        d_in = (self.encoder.feature_dim + (cfg.state_dim if cfg.use_state else 0)) * cfg.n_obs_steps
+        layers = []
+        for _ in range(cfg.mlp_layers):
+            layers += [nn.Linear(d_in, cfg.hidden_dim), nn.ReLU(inplace=True)]
+            if cfg.dropout:
+                layers.append(nn.Dropout(cfg.dropout))
+            d_in = cfg.hidden_dim
+        layers.append(nn.Linear(d_in, cfg.horizon * cfg.action_dim))
+        self.head = nn.Sequential(*layers)
+        for key, dim in (("action", cfg.action_dim), ("state", cfg.state_dim)):
+            self.register_buffer(f"{key}_min", -torch.ones(dim))
+            self.register_buffer(f"{key}_max", torch.ones(dim))
+        if stats is not None:
+            self.set_stats(stats)
+        self.reset()
+
+    # -- normalisation (the Diffusion Policy's: min-max to [-1, 1])
+    def set_stats(self, stats: dict) -> None:
+        for key, name in (("action", "action"), ("state", "observation.state")):
+            lo = torch.as_tensor(np.asarray(stats[name]["min"], np.float32)).reshape(-1)
+            hi = torch.as_tensor(np.asarray(stats[name]["max"], np.float32)).reshape(-1)
+            if lo.shape != getattr(self, f"{key}_min").shape:
+                raise ValueError(f"stats[{name!r}] has {lo.numel()} dims, the policy expects "
+                                 f"{getattr(self, f'{key}_min').numel()}")
+            getattr(self, f"{key}_min").copy_(lo)
+            getattr(self, f"{key}_max").copy_(hi)
+
+    def normalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
+        return (x - lo) / (hi - lo).clamp_min(STAT_RANGE_EPS) * 2 - 1
+
+    def unnormalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
+        return (x + 1) / 2 * (hi - lo).clamp_min(STAT_RANGE_EPS) + lo
+
+    # -- model
+    def forward(self, images: torch.Tensor, state: torch.Tensor, generator: torch.Generator | None = None):
+        """images uint8 (B, n_obs, 3, H, W), state raw (B, n_obs, S) -> normalised chunk (B, horizon, A)."""
+        cfg = self.config
+        B, n = images.shape[:2]
+        x = images.flatten(0, 1).float() / 127.5 - 1.0
+        if self.training:
+            x = random_shift(x, cfg.shift, generator)
+        feats = [self.encoder(x).reshape(B, n, -1)]
+        if cfg.use_state:
+            feats.append(self.normalize(state, "state"))
+        return self.head(torch.cat(feats, dim=-1).flatten(1)).reshape(B, cfg.horizon, cfg.action_dim)
+
+    def compute_loss(self, batch: dict, generator: torch.Generator | None = None) -> torch.Tensor:
+        """L1 between the predicted and demonstrated chunks (normalised), padding masked out."""
+        cfg = self.config
+        dev = self.action_min.device
+        action = batch["action"].to(dev)
+        if action.shape[1:] != (cfg.horizon, cfg.action_dim):
+            raise ValueError(f"batch['action'] must be (B, {cfg.horizon}, {cfg.action_dim}), got {tuple(action.shape)}")
+        pred = self(batch["images"].to(dev), batch["state"].to(dev), generator)
+        loss = (pred - self.normalize(action, "action")).abs()
+        if "action_is_pad" in batch:
+            keep = (~batch["action_is_pad"].to(dev)).unsqueeze(-1).float()
+            return (loss * keep).sum() / (keep.sum() * cfg.action_dim).clamp_min(1)
+        return loss.mean()
+
+    @torch.no_grad()
+    def sample_actions(self, images: torch.Tensor, state: torch.Tensor, generator=None,
+                       num_inference_steps: int | None = None) -> torch.Tensor:
+        """(B, horizon, A) unnormalised actions (deterministic; the extra arguments are the
+        Diffusion Policy's, accepted so callers need not tell the two apart)."""
+        dev = self.action_min.device
+        return self.unnormalize(self(images.to(dev), state.to(dev)), "action")
+
+    # -- closed loop
+    def reset(self) -> None:
+        """Forget the observation history and the pending chunks (call at every episode start)."""
+        self._obs: deque = deque(maxlen=self.config.n_obs_steps)
+        self._actions: deque = deque()
+        self._chunks: list[tuple[int, np.ndarray]] = []  # (frame the chunk's first action is for, chunk)
+        self._frame = 0
+
+    @torch.no_grad()
+    def select_action(self, obs: dict, generator: torch.Generator | None = None,
+                      num_inference_steps: int | None = None) -> np.ndarray:
+        """obs {"image": uint8 (H, W, 3) at any size, "state": (S,)} -> action (A,) float32."""
+        cfg = self.config
+        image = torch.from_numpy(resize_frames(np.asarray(obs["image"]), cfg.image_size)).permute(2, 0, 1)
+        state = torch.tensor(np.asarray(obs["state"], np.float32))  # a copy: obs arrays may be read-only
+        if not self._obs:  # episode start: repeat the first observation (as the training windows pad)
+            self._obs.extend([(image, state)] * cfg.n_obs_steps)
+        else:
+            self._obs.append((image, state))
+        t, start = self._frame, cfg.n_obs_steps - 1  # the chunk starts at the oldest observation
+        self._frame += 1
+        plan = t % cfg.n_action_steps == 0
+        if cfg.temporal_ensemble_coeff is None:
+            if not self._actions:
+                self._actions.extend(self._chunk()[start:start + cfg.n_action_steps])
+            return self._actions.popleft().astype(np.float32)
+        if plan:
+            self._chunks.append((t, self._chunk()[start:]))
+        self._chunks = [(t0, c) for t0, c in self._chunks if t - t0 < len(c)]
+        preds = np.stack([c[t - t0] for t0, c in self._chunks])  # oldest first
+        w = np.exp(-cfg.temporal_ensemble_coeff * np.arange(len(preds)))
+        return (w[:, None] * preds).sum(0).astype(np.float32) / w.sum()
+
+    def _chunk(self) -> np.ndarray:
+        images = torch.stack([i for i, _ in self._obs])[None]
+        states = torch.stack([s for _, s in self._obs])[None]
+        was_training = self.training
+        self.eval()
+        chunk = self.sample_actions(images, states)[0].cpu().numpy()
+        self.train(was_training)
+        return chunk
+
+    # -- save / load
+    def save_pretrained(self, path: str | Path, extra: dict | None = None) -> Path:
+        """``path``/config.json + model.safetensors (weights and normalisation stats), atomically."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        with atomic_output(path / WEIGHTS_NAME) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(tmp))
+        with atomic_output(path / CONFIG_NAME) as tmp:
+            tmp.write_text(json.dumps({"type": "keypoint", **self.config.to_dict(),
+                                       **({"extra": extra} if extra else {})}, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "KeypointPolicy":
+        from comsim.config import from_dict
+        path = Path(path)
+        for name in (CONFIG_NAME, WEIGHTS_NAME):
+            if not (path / name).is_file():
+                raise FileNotFoundError(f"{path / name}: not found (not a saved KeypointPolicy folder)")
+        data = json.loads((path / CONFIG_NAME).read_text())
+        data.pop("extra", None)
+        kind = data.pop("type", "keypoint")
+        if kind != "keypoint":
+            raise ValueError(f"{path / CONFIG_NAME}: not a keypoint policy (type {kind!r})")
+        policy = cls(from_dict(KeypointConfig, data, str(path / CONFIG_NAME)))
+        policy.load_state_dict(load_file(str(path / WEIGHTS_NAME), device=map_location))
+        return policy.eval()
