@@ -261,8 +261,8 @@ def top_view_svg(trials: list[dict], bounds: tuple[float, float, float, float], 
         tip = _esc(t.get("label", ""))
         out.append(f"<g><title>{tip}</title><line x1='{u0:.1f}' y1='{v0:.1f}' x2='{u1:.1f}' y2='{v1:.1f}' "
                    f"stroke='{c}' stroke-width='1.2' opacity='0.8'/>"
-                   f"<circle cx='{u0:.1f}' cy='{v0:.1f}' r='3' fill='none' stroke='{c}'/>"
-                   f"<circle cx='{u1:.1f}' cy='{v1:.1f}' r='3' fill='{c}'/></g>")
+                   f"<circle cx='{u1:.1f}' cy='{v1:.1f}' r='3' fill='{c}'/>"
+                   f"<circle cx='{u0:.1f}' cy='{v0:.1f}' r='5' fill='none' stroke='{c}'/></g>")  # ring stays visible
         if t.get("target") is not None:
             u, v = P(t["target"])
             out.append(f"<path d='M{u - 4:.1f} {v - 4:.1f}l8 8M{u - 4:.1f} {v + 4:.1f}l8 -8' stroke='#222' "

@@ -117,12 +117,17 @@ def _eval_doc(adir: Path | None, arm: dict, panel: str):
     if not files:
         return None, f"no eval-{panel}-*.json in {adir.name}"
     want = ((arm.get("panels") or {}).get(panel) or {}).get("wall_s")
-    docs = [(f, read_json(f)) for f in files]
+    docs = []
+    for f in files:
+        try:
+            docs.append((f, read_json(f)))
+        except ValueError as e:  # one broken file: say so in its place, keep the rest of the page
+            docs.append((f, str(e)))
     for f, d in docs:
         if isinstance(d, dict) and want is not None and d.get("wall_s") == want:
             return d, None
     f, d = max(docs, key=lambda fd: fd[0].stat().st_mtime)
-    return (d, None) if isinstance(d, dict) else (None, f"{f.name}: not a JSON object")
+    return (d, None) if isinstance(d, dict) else (None, d if isinstance(d, str) else f"{f.name}: not a JSON object")
 
 
 def _video(rep: Report, adir: Path, panel: str, trials: list[dict], success: bool) -> str:
@@ -185,5 +190,5 @@ def _dist(a, b) -> float:
 def _bounds(points: list[tuple[float, float]]) -> tuple[float, float, float, float]:
     p = np.asarray(points, np.float64)
     lo, hi = p.min(0), p.max(0)
-    c, half = (lo + hi) / 2, max(float((hi - lo).max()) / 2 * 1.1, 0.05)
+    c, half = (lo + hi) / 2, max(float((hi - lo).max()) / 2 * 1.15 + 0.02, 0.05)  # room for the markers
     return c[0] - half, c[0] + half, c[1] - half, c[1] + half
