@@ -5,6 +5,7 @@ file:// in headless Chromium: a screenshot must show the videos, and the DOM mus
 tables and report that every video and image decoded and that no plot's text is clipped."""
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -100,7 +101,8 @@ def _twin(run: Path, truth: bool = True, report: bool = True) -> None:
                       f"{n} IoU {iou[n]:.3f}")
 
 
-def _translator(run: Path, steps_done: int = 600, planned: int = 600, validation: bool = True) -> None:
+def _translator(run: Path, steps_done: int = 600, planned: int = 600, validation: bool = True,
+                psnr_sim: float = 21.5) -> None:
     out = run / "translator"
     rng = np.random.default_rng(0)
     loss = [[s, float(0.5 * np.exp(-s / 150) + 0.02 + 0.01 * rng.random())] for s in range(1, steps_done + 1)]
@@ -113,7 +115,7 @@ def _translator(run: Path, steps_done: int = 600, planned: int = 600, validation
             rel = f"validation/step-{step:06d}.png"
             (out / "validation").mkdir(parents=True, exist_ok=True)
             Image.fromarray(grid).save(out / rel)
-            val.append({"step": step, "psnr": 20.0 + step / 100, "psnr_sim": 21.5, "grid": rel})
+            val.append({"step": step, "psnr": 20.0 + step / 100, "psnr_sim": psnr_sim, "grid": rel})
     _write_json(out / "train_summary.json", {
         "steps_planned": planned, "steps_done": steps_done, "stopped_early": steps_done < planned,
         "stop_reason": "max_minutes 9.0 reached" if steps_done < planned else None, "loss": loss,
@@ -242,10 +244,10 @@ def test_report_page_from_a_run_dir(report):
     assert "no truth available" not in twin
     translator = _section(page, "Translator training")
     for text in ("Trained all 600 planned steps", "600 / 600", "32x32", "Training loss", "running mean of 30",
-                 "Validation PSNR", "raw sim vs real", "Validation at step 600: PSNR 26 dB (raw sim 21.5 dB)",
+                 "Validation PSNR", "raw sim vs real", "Validation at step 600: PSNR 26.0 dB (raw sim 21.5 dB)",
                  "native 128x192 px"):
         assert text in translator, text
-    assert "Stopped early" not in translator
+    assert "Stopped early" not in translator and "does not yet improve" not in translator
     convert = _section(page, "Convert")
     assert "0.18" in convert and "convert records no timing of its own" in convert  # 8 frames / 44.7 s
     assert ">1.5<" in convert and ">8<" in convert and "0123456789abcdef" in convert
@@ -312,7 +314,11 @@ def test_report_says_why_a_part_is_missing(tmp_path):
     assert "<img" not in page
 
     _twin(run, truth=False)  # now a real cell's replay with its report: no truth to score against
-    twin = _section(build_report(run).read_text(), "Twin alignment")
+    _translator(run, validation=True, psnr_sim=30.0)  # and a translator that loses to the raw sim
+    page = build_report(run).read_text()
+    assert ("does not yet improve on the twin's render" in html.unescape(_section(page, "Translator training"))
+            and "26.0 dB vs 30.0 dB" in page)
+    twin = _section(page, "Twin alignment")
     assert "no truth available" in twin and "lab_truth.json" in twin
     assert "position error vs truth" not in twin and "true robot mask" not in twin
     assert "episode overlays not written" not in twin

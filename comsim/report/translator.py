@@ -52,6 +52,7 @@ def translator_section(rep: Report, run: Path) -> None:
                 "resolution (H x W)": "x".join(str(v) for v in res) if isinstance(res, list) else "-",
                 "sampling steps": sampling.get("num_steps", "-"), "w_action": sampling.get("w_action", "-"),
                 "w_sim": sampling.get("w_sim", "-"),
+                **{k: v for k, v in sampling.items() if k not in ("num_steps", "w_action", "w_sim")},
                 "final loss": _last(doc.get("loss")),
                 "final model": "final/" if final.is_file() else "not saved"}],
               caption="translator training (sampling: the settings convert and the held-out metrics use unless "
@@ -81,15 +82,23 @@ def translator_section(rep: Report, run: Path) -> None:
         return
     last = val[-1]
     grid = out / str(last.get("grid") or "")
-    raw = f" (raw sim {fmt_number(last['psnr_sim'])} dB)" if isinstance(last.get("psnr_sim"), (int, float)) else ""
-    rep.text(f"Validation at step {last.get('step')}: PSNR {fmt_number(last.get('psnr'))} dB{raw} on held-out clips "
+    psnr, sim = last.get("psnr"), last.get("psnr_sim")
+    raw = f" (raw sim {_db(sim)})" if isinstance(sim, (int, float)) else ""
+    rep.text(f"Validation at step {last.get('step')}: PSNR {_db(psnr)}{raw} on held-out clips "
              f"({len(val)} validation{'s' if len(val) > 1 else ''} in all).")
+    if isinstance(psnr, (int, float)) and isinstance(sim, (int, float)) and psnr <= sim:
+        rep.warn(f"The translator's frames are further from the real ones than the raw sim's ({_db(psnr)} vs "
+                 f"{_db(sim)}): at step {last.get('step')} it does not yet improve on the twin's render.")
     if last.get("grid") and grid.is_file():
         size = f" at the translator's {'x'.join(str(v) for v in res)} px" if isinstance(res, list) else ""
         rep.row([rep.image_figure(grid, f"step {last.get('step')}: rows sim | pseudo-real | real per clip{size}, "
                                         "frames left to right", min_width=480)])
     else:
         rep.absent(f"validation grid not written: {grid} does not exist")
+
+
+def _db(v) -> str:
+    return f"{v:.1f} dB" if isinstance(v, (int, float)) else "-"
 
 
 def _last(loss) -> str:
