@@ -44,6 +44,7 @@ def _twin_replay(a):
 
 
 def _generate(a):
+    from comsim.errors import InputError
     from comsim.factory.generate import generate_dataset
 
     if a.vocabulary:
@@ -52,7 +53,7 @@ def _generate(a):
         print(vocabulary())
         return
     if not a.task:
-        raise ValueError("--task is required")
+        raise InputError(None, "--task", "a task name or task YAML", "none")
     if a.dry_run:
         from comsim.factory.generate import check_task
 
@@ -62,7 +63,7 @@ def _generate(a):
                           "targets": list(program.targets), "splits": sorted(program.layout)}))
         return
     if not a.out:
-        raise ValueError("--out is required (unless --dry-run)")
+        raise InputError(None, "--out", "an output folder (unless --dry-run)", "none")
     report = generate_dataset(a.task, a.episodes, Path(a.out), workers=a.workers, seed=a.seed, split=a.split,
                               only_success=a.only_success, max_attempts=a.max_attempts, controls=a.controls,
                               scene=a.scene, progress=not a.no_progress)

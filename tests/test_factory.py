@@ -287,7 +287,10 @@ def test_generate_cli_parallel_resumable_and_independent_of_workers(tmp_path):
         generate_dataset(task, 3, out1, seed=4, progress=False)
     import shutil
 
+    manifest = (out1 / "generation.json").read_text()  # written first: it makes the folder this run's
     shutil.rmtree(out1)
+    out1.mkdir()
+    (out1 / "generation.json").write_text(manifest)
     from comsim.factory.generate import _work
 
     _work((str(task.resolve()), str(out1), 10, 1, 4, "id", False, 1, ()))  # stage episode 1 only

@@ -610,6 +610,19 @@ def lab_record_into_user_folder(t, s):
 
 
 @case("output")
+def lab_record_out_is_a_file(t, s):
+    (t / "out").write_text("notes\n")
+    return "comsim", ["lab", "record", "--task", "push", "--episodes", "1", "--out", str(t / "out")], str(t / "out")
+
+
+@case("output")
+def calibrate_out_is_a_file(t, s):
+    d = calib_folder(t)
+    (t / "out").write_text("notes\n")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(t / "out")
+
+
+@case("output")
 def replay_out_is_the_real_dataset(t, s):
     d = copy(s / "real", t / "d")
     return "comsim", ["twin", "replay", "--real", str(d), "--twin", str(SCENE), "--out", str(d)], str(d)

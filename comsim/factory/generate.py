@@ -30,7 +30,8 @@ from tqdm.auto import tqdm
 
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset
 from comsim.io.files import atomic_output, write_json
-from comsim.io.paths import check_output_path, claim_output
+from comsim.errors import InputError
+from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.sim.spec import spec_hash
 
 HEADER_FILE = "generation.json"
@@ -121,15 +122,15 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     Checks the task (with IK on sampled layouts) before anything is written; returns the report.
     """
     if episodes < 1:
-        raise ValueError(f"episodes: expected at least 1, got {episodes}")
+        raise InputError(None, "episodes", "at least 1", episodes)
     if workers < 1:
-        raise ValueError(f"workers: expected at least 1, got {workers}")
+        raise InputError(None, "workers", "at least 1", workers)
     if max_attempts < 1:
-        raise ValueError(f"max_attempts: expected at least 1, got {max_attempts}")
+        raise InputError(None, "max_attempts", "at least 1", max_attempts)
     controls = tuple(controls)
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
-        raise ValueError(f"controls: {bad} unknown; known: {list(CONTROLS)}")
+        raise InputError(None, "controls", f"some of {list(CONTROLS)}", bad)
     _init_worker()
     out = check_output_path(out)
     claim_output(out, HEADER_FILE, None, (), "comsim generate")  # a foreign folder is refused before any work
@@ -158,12 +159,12 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     if info.is_file():
         total = json.loads(info.read_text())["total_episodes"]
         if total != episodes:
-            raise ValueError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
+            raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                              "appending is not supported, generate into a new folder")
         return write_report(out, header, workers, elapsed=None)
     beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
     if beyond:
-        raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
+        raise OutputFolderError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
                          f"rerun with --episodes {max(beyond) + 1} or use a new folder")
 
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from comsim.episode import Episode, Provenance
 from comsim.errors import InputError
 from comsim.io.lerobot import DatasetWriter
-from comsim.io.paths import claim_output
+from comsim.io.paths import OutputFolderError, claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
 from comsim.lab.stills import CALIBRATION_DIR, DONE_FILE as STILLS_DONE, record_calibration_stills
@@ -92,7 +92,7 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     cell = cell if isinstance(cell, LabCell) else load_lab_cell(cell)
     task_obj = make_task(task, cell)  # unknown task: fails before anything touches the disk
     if episodes < 1:
-        raise ValueError(f"episodes: expected at least 1, got {episodes}")
+        raise InputError(None, "episodes", "at least 1", episodes)
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int) or fps < 1):
         raise InputError(None, "--fps", "a positive whole number of frames/s", fps)
     fps = int(fps or cell.fps)
@@ -106,13 +106,13 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     if info.is_file():  # closed before
         total = json.loads(info.read_text())["total_episodes"]
         if total != episodes:
-            raise ValueError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
+            raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                              "appending is not supported, record into a new folder")
         _write_final_truth(out, header, episodes)
         return out
     beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
     if beyond:
-        raise ValueError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
+        raise OutputFolderError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
                          f"rerun with --episodes {max(beyond) + 1} or use a new folder")
 
     write_json(header, out / TRUTH_FILE)  # first: it makes the folder this recording's

@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from comsim.io.paths import check_output_path
 from comsim.sim.camera import as_K, as_rigid, look_at
 from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, perturb, pose_error,
@@ -277,6 +278,8 @@ def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540
     ``init_T_cam_from_base.txt``, else the twin spec's camera when ``robot`` is a twin spec,
     else a search over viewpoints).
     """
+    if out is not None:
+        check_output_path(out)  # a file there is refused now, not after minutes of fitting
     fr = load_calibration_folder(folder)
     if isinstance(robot, (str, Path)) and str(robot).endswith((".yaml", ".yml")):  # a twin spec: its robot
         from comsim.sim.spec import load_scene_spec

@@ -51,7 +51,7 @@ from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import localize_objects
 from comsim.io.files import atomic_output, write_json
-from comsim.io.paths import claim_output, is_inside
+from comsim.io.paths import OutputFolderError, claim_output, is_inside
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -254,7 +254,7 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     candidates against the whole video (``track.py``), not from the first frame alone.
     """
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise InputError(None, "mode", f"one of {MODES}", mode)
     real, out = Path(real), Path(out)
     if is_inside(out, real) or is_inside(real, out):
         raise InputError(out, "--out", f"a folder outside --real {real}", "the same folder or one inside the other")
@@ -268,7 +268,7 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     if al_path.is_file():  # resume: the alignment is part of what was already written
         al = json.loads(al_path.read_text())
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
-            raise ValueError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
+            raise OutputFolderError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
         if (out / "meta" / "info.json").is_file():
             log(f"[replay] {out} is already complete")
