@@ -58,10 +58,15 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
              "Built by `comsim report`; parts the run did not produce say why.")
     try:
         stages = read_json(run / "stages.json") or {}
+        if not isinstance(stages, dict):
+            raise ValueError(f"{run / 'stages.json'}: expected a JSON object")
     except ValueError as e:
         rep.warn(f"stage log unreadable: {e}")
         stages = {}
-    timings, failures = stages.get("timings", {}) or {}, stages.get("failures", {}) or {}
+    timings, failures = stages.get("timings") or {}, stages.get("failures") or {}
+    if not (isinstance(timings, dict) and isinstance(failures, dict)):
+        rep.warn(f"stage log unreadable: {run / 'stages.json'}: 'timings' and 'failures' must be objects")
+        timings, failures = {}, {}
 
     rep.heading("Stages")
     rep.table(_stage_rows(run, timings, failures), cls="stages")
@@ -90,7 +95,7 @@ def _section(rep: Report, fn, *args):
     # One unreadable input must not cost the whole report: say what broke and go on.
     try:
         return fn(rep, *args)
-    except (ValueError, OSError, KeyError, TypeError) as e:
+    except (ValueError, OSError, KeyError, TypeError, AttributeError, IndexError) as e:
         rep.warn(f"error while reading this part: {type(e).__name__}: {e}")
         return 1
 
@@ -101,7 +106,8 @@ def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
     for name, rel, kind in STAGES:
         path = run / rel
         if name in failures:
-            status = failures[name] if failures[name].startswith("skipped") else f"failed: {failures[name]}"
+            why = str(failures[name])
+            status = why if why.startswith("skipped") else f"failed: {why}"
         elif kind == "dataset" and (path / "meta" / "info.json").is_file():
             n = _dataset_len(path)
             status = f"done ({n} episodes)" if isinstance(n, int) else f"error: {n}"
@@ -262,7 +268,8 @@ def _convert(rep: Report, run: Path, timings: dict) -> None:
         note = ("frames/s: the dataset's frames over the convert stage's wall time in stages.json (convert records "
                 "no timing of its own; the stage time includes loading the translator and starting workers, so "
                 "the translation alone is faster)")
-    row["frames/s"] = f"{fps:.2f}" if isinstance(fps, (int, float)) else "not recorded"
+    row["frames/s (stage wall time)" if note else "frames/s"] = (f"{fps:.2f}" if isinstance(fps, (int, float))
+                                                                 else "not recorded")
     row["time"] = fmt_seconds(seconds)
     for k in ("w_action", "w_sim", "steps", "strength", "seed", "threads"):
         row[{"steps": "sampling steps"}.get(k, k)] = header.get(k, "-")

@@ -170,9 +170,13 @@ def _episodes(rep: Report, paired: Path, report: dict | None) -> None:
         s = report.get("summary") or {}
         truth = "camera_position_error_m" in s
         if truth:
+            yaw = s.get("object_yaw_error_deg_mean_first_frame")
+            if yaw is None:  # the summary has it only beside refined numbers; the episodes always do
+                yaws = [v for e in report.get("episodes") or [] for v in (e.get("object_yaw_error_deg") or {}).values()]
+                yaw = float(np.mean(yaws)) if yaws else None
             rows = [{"": "first-frame localization", "initial position error mean / max":
                      _cm_pair(s, "object_initial_error_m_mean", "object_initial_error_m_max"),
-                     "yaw error mean": _deg(s.get("object_yaw_error_deg_mean_first_frame"))}]
+                     "yaw error mean": _deg(yaw)}]
             if "object_initial_error_m_mean_refined" in s:
                 rows.append({"": "after whole-video refinement", "initial position error mean / max":
                              _cm_pair(s, "object_initial_error_m_mean_refined", "object_initial_error_m_max_refined"),
