@@ -324,6 +324,19 @@ def test_report_says_why_a_part_is_missing(tmp_path):
     assert "episode overlays not written" not in twin
 
 
+def test_report_survives_malformed_inputs(report, tmp_path):
+    """Broken JSON in one part costs that part only: it says what broke, the rest still shows."""
+    run = Path(shutil.copytree(report.parent, tmp_path / "run"))
+    (run / "stages.json").write_text('"not an object"')
+    (run / "paired" / "alignment_report.json").write_text("{broken")
+    (run / "translator" / "train_summary.json").write_text("[1, 2]")
+    page = build_report(run).read_text()
+    assert "stage log unreadable" in page and "expected a JSON object" in page
+    assert "alignment_report.json: not valid JSON" in _section(page, "Twin alignment")
+    assert "train_summary.json: expected a JSON object" in _section(page, "Translator training")
+    assert "60% [31, 83] (6/10)" in _section(page, "Policy experiment")
+
+
 def _chromium(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
     with tempfile.TemporaryDirectory(prefix="chromium-profile-") as profile:
         # Without the background-networking flags Chromium's connections are refused many at a time here.
