@@ -231,7 +231,7 @@ def test_report_page_from_a_run_dir(report):
     rows = dict(re.findall(r"<tr><td>([^<]+)</td><td>[^<]*</td><td[^>]*>([^<]+)</td>", stages))
     assert rows == {"lab record": "not run", "twin calibrate + replay": "not run",
                     "translator training": "done (600 of 600 steps)",
-                    "factory generate": "failed: RuntimeError: IK failed", "convert": "done (1 episodes)",
+                    "factory generate": "failed: RuntimeError: IK failed", "convert": "done (1 episode)",
                     "video metrics": "done", "policy experiment": "done"}, rows
     assert "44.7 s" in stages and "2 min 5 s" in stages and "44.700" not in page  # times for people
 

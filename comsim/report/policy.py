@@ -47,17 +47,25 @@ def policy_section(rep: Report, run: Path) -> None:
     if any(v is not None for g in groups.values() for v in g.values()):
         rep.raw("<div class='row'>" + bar_chart_svg(groups, title="Policy success rate", unit="95% interval",
                                                      intervals=whiskers, vmax=1.0, percent=True) + "</div>")
-    train = [{"arm": _label(a), "training steps": a["train"].get("steps"), "final loss": a["train"].get("final_loss"),
-              "step time": fmt_seconds(a["train"].get("step_time_s")), "training time": fmt_seconds(a["train"].get("wall_s")),
-              **({"training CPU time": fmt_seconds(a["train"]["cpu_s"])} if a["train"].get("cpu_s") else {}),
-              **{f"{p} eval time": fmt_seconds((a.get("panels") or {}).get(p, {}).get("wall_s")) for p in panels}}
-             for a in arms if a.get("status") == "done" and isinstance(a.get("train"), dict)]
-    rep.table(train, caption="training and evaluation per arm")
-    _rollouts(rep, path.parent, [a for a in arms if a.get("status") == "done"], panels)
+    done = [a for a in arms if a.get("status") == "done"]
+    rep.table([_times(a, panels) for a in done if isinstance(a.get("train"), dict)],
+              caption="training and evaluation per arm (wall times)")
+    _rollouts(rep, path.parent, done, panels)
 
 
 def _label(arm: dict) -> str:
     return str(arm.get("label") or arm.get("name"))
+
+
+def _times(arm: dict, panels: list[str]) -> dict:
+    t = arm["train"]
+    row = {"arm": _label(arm), "training steps": t.get("steps"), "final loss": t.get("final_loss"),
+           "step time": fmt_seconds(t.get("step_time_s")), "training time": fmt_seconds(t.get("wall_s"))}
+    if t.get("cpu_s"):
+        row["training CPU time"] = fmt_seconds(t["cpu_s"])
+    for p in panels:
+        row[f"{p} eval time"] = fmt_seconds(((arm.get("panels") or {}).get(p) or {}).get("wall_s"))
+    return row
 
 
 # -- rollouts ------------------------------------------------------------------------------------

@@ -110,7 +110,7 @@ def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
             status = why if why.startswith("skipped") else f"failed: {why}"
         elif kind == "dataset" and (path / "meta" / "info.json").is_file():
             n = _dataset_len(path)
-            status = f"done ({n} episodes)" if isinstance(n, int) else f"error: {n}"
+            status = f"done ({n} episode{'' if n == 1 else 's'})" if isinstance(n, int) else f"error: {n}"
         elif name == "translator training" and (run / "translator" / TRAIN_SUMMARY).is_file():
             status = _training_status(run / "translator" / TRAIN_SUMMARY, path.is_file())
         elif kind == "file" and path.is_file():
