@@ -16,8 +16,8 @@ whose box does not fit inside its SVG (``data-svg-texts``, ``data-svg-clipped``)
 from __future__ import annotations
 
 import html
+import json
 import math
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,8 +257,6 @@ def _even(frames: np.ndarray) -> np.ndarray:
 def read_json(path: Path):
     """The JSON at ``path``; None when there is no such file; ValueError naming the file when
     it is not valid JSON (the section then says so instead of pretending it was not run)."""
-    import json
-
     path = Path(path)
     if not path.is_file():
         return None
