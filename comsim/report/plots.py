@@ -245,11 +245,11 @@ def top_view_svg(trials: list[dict], bounds: tuple[float, float, float, float], 
 
     out = [_open(w, h, title), _title(left, title),
            f"<rect x='{left}' y='{topm}' width='{pw:.1f}' height='{ph:.1f}' fill='#fafafa' stroke='#888'/>"]
-    for t in nice_ticks(x0, x1, 3):
+    for t in nice_ticks(x0, x1, 5):
         if x0 <= t <= x1:
             v = P((t, y1))[1]
             out.append(f"<text x='{left - 3}' y='{v + 3.5:.1f}' font-size='9' text-anchor='end'>{t:.2f}</text>")
-    for t in nice_ticks(y0, y1, 3):
+    for t in nice_ticks(y0, y1, 5):
         if y0 <= t <= y1:
             u = P((x1, t))[0]
             out.append(f"<text x='{u:.1f}' y='{topm + ph + 11}' font-size='9' text-anchor='middle'>{t:.2f}</text>")
