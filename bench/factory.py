@@ -3,9 +3,11 @@
 Measures, on this machine:
 - generation: episodes/minute of `generate_dataset` with 1 and 2 worker processes (wall time
   including the workers' start-up), and the speed-up;
-- conversion: frames/s of `convert_dataset` with the TINY translator (configs/translator/tiny.yaml:
-  pixel space, dim 128, depth 4, 8 frames of 32x32, 20 steps, both guidance weights on). The
-  model is RANDOMLY INITIALIZED: timing only, nothing about image quality;
+- conversion: frames/s of `convert_dataset` (1 and ``--convert-workers`` processes) with the lab
+  translator's architecture (``--translator``, default configs/translator/tiny_lab.yaml: pixel space,
+  16x16 patches, 8 frames of 128x128) and its own sampling (8 steps, w_action 1, w_sim 1.5: the composed
+  guidance evaluates all three branches), and the minutes that 200 episodes of 100 frames would take.
+  The model is RANDOMLY INITIALIZED unless ``--model`` names a trained one: timing only;
 - linearity: the time to translate one episode of L frames and one of 4L frames (a warm model,
   in-process, best of `--repeats`, alternating), and their ratio in wall and in CPU time. The
   translator works in overlapping windows (8 frames, stride 4): ~(T - 4) / 4 windows, so the
@@ -71,8 +73,8 @@ def bench_generation(task: str, episodes: int, tmp: Path) -> dict:
     return out
 
 
-def tiny_translator(path: Path) -> Path:
-    """configs/translator/tiny.yaml's model, randomly initialized, saved as a pipeline folder."""
+def tiny_translator(path: Path, config: Path) -> Path:
+    """The model of translator ``config``, randomly initialized, saved as a pipeline folder."""
     import torch
 
     from comsim.translator.codec import PixelCodec
@@ -80,7 +82,7 @@ def tiny_translator(path: Path) -> Path:
     from comsim.translator.training import build_model, load_train_config, make_pipeline
 
     torch.manual_seed(0)
-    cfg = load_train_config(ROOT / "configs" / "translator" / "tiny.yaml")
+    cfg = load_train_config(config)
     model = build_model(cfg, PixelCodec(), 8)
     with torch.no_grad():
         for p in model.parameters():
@@ -98,21 +100,31 @@ def _subset(sim: Path, n: int, out: Path) -> Path:
     return write_dataset(out, (ds[i] for i in range(min(n, len(ds)))), fps=ds.fps)
 
 
-def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int, lin_steps: int, repeats: int) -> dict:
+def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin_steps: int, repeats: int,
+                     config: Path, model: Path | None, workers: int) -> dict:
     import torch
 
     from comsim.convert import convert_dataset, convert_episode
     from comsim.episode import Episode
     from comsim.io.lerobot import LeRobotDataset
-    from comsim.translator.pipeline import TranslatorPipeline
+    from comsim.translator.pipeline import TranslatorPipeline, sampling_defaults
 
-    model = tiny_translator(tmp / "tiny")
+    model = model or tiny_translator(tmp / "tiny", config)
+    own = sampling_defaults(model)
+    steps = steps or own["num_steps"]
     small = _subset(sim, episodes, tmp / "sim_subset")
-    args = dict(w_action=1.0, w_sim=1.0, steps=steps, strength=1.0, seed=0)
-    rep = convert_dataset(model, small, tmp / "pseudo", progress=False, **args)  # 1 process, 1 thread
-    out = {"translator": "configs/translator/tiny.yaml, random init (timing only)", "steps": steps,
-           "threads": 1, "convert_frames_per_s": rep["frames_per_second"], "convert_frames": rep["frames_now"],
+    args = dict(w_action=own["w_action"], w_sim=own["w_sim"], steps=steps, strength=1.0, seed=0)
+    meta = TranslatorPipeline.from_pretrained(model).info()
+    out = {"translator": str(model) if model != tmp / "tiny" else f"{config}, random init (timing only)",
+           "resolution": meta["resolution"], "steps": steps, "w_action": args["w_action"], "w_sim": args["w_sim"],
            "load": load()}
+    for n in sorted({1, workers}):
+        rep = convert_dataset(model, small, tmp / f"pseudo-{n}", progress=False, workers=n, **args)
+        out[f"convert_frames_per_s_{n}_workers"] = rep["frames_per_second"]
+        out["convert_frames"] = rep["frames_now"]
+    best = max(out[f"convert_frames_per_s_{n}_workers"] for n in sorted({1, workers}))
+    out["minutes_for_200x100_frames"] = round(200 * 100 / best / 60, 1)
+    out["load_after_convert"] = load()
 
     # Linearity: one episode of L frames vs one of 4L (4 episodes back to back), warm model,
     # the episode's whole conversion (resize, windows, assembly), without disk I/O.
@@ -168,7 +180,12 @@ def main() -> None:
     ap.add_argument("--task", default="stack")
     ap.add_argument("--episodes", type=int, default=32, help="episodes per generation run (amortizes worker start-up)")
     ap.add_argument("--convert-episodes", type=int, default=2, help="episodes converted for frames/s")
-    ap.add_argument("--steps", type=int, default=20, help="translator sampling steps for frames/s")
+    ap.add_argument("--steps", type=int, default=None, help="translator sampling steps for frames/s (default: "
+                    "the translator's own)")
+    ap.add_argument("--translator", type=Path, default=ROOT / "configs" / "translator" / "tiny_lab.yaml",
+                    help="translator config whose (randomly initialized) model is timed")
+    ap.add_argument("--model", type=Path, default=None, help="a trained translator folder instead")
+    ap.add_argument("--convert-workers", type=int, default=2)
     ap.add_argument("--linearity-steps", type=int, default=4, help="sampling steps for the L vs 4L timing")
     ap.add_argument("--repeats", type=int, default=3, help="timings per episode length (best is kept)")
     ap.add_argument("--success", type=int, default=0, help="also measure success rates on N seeds per task/split")
@@ -190,7 +207,8 @@ def main() -> None:
             generate_dataset(a.task, 4, tmp / "gen1", seed=100, progress=False)
         if not a.skip_speed and not a.skip_conversion:
             result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
-                                                    a.linearity_steps, a.repeats)
+                                                    a.linearity_steps, a.repeats, a.translator, a.model,
+                                                    a.convert_workers)
             print(json.dumps(result["conversion"]), flush=True)
         if a.success:
             result["success"] = success_rates(a.success, tmp)

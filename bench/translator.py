@@ -51,7 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from comsim.translator.data import resize_video  # noqa: E402
 from comsim.translator.pipeline import TranslatorPipeline  # noqa: E402
 from comsim.translator.synthetic import action_consistency  # noqa: E402
-from comsim.translator.training import build_datasets, load_train_config, psnr, train  # noqa: E402
+from comsim.metrics.frame import psnr as frame_psnr  # noqa: E402
+from comsim.translator.training import build_datasets, load_train_config, train  # noqa: E402
+
+
+def psnr_frames(pairs) -> float:
+    """PSNR per frame, then the mean over every frame of every (pred, ref) pair (comsim.metrics.frame)."""
+    return float(np.mean(np.concatenate([frame_psnr(a, b) for a, b in pairs])))
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,20 +180,62 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
     return result
 
 
-def native_psnr(cfg, pipe, episodes, n_steps: int, gens: dict) -> dict:
-    """PSNR at the recording's resolution: generated frames upsampled, raw sim as rendered."""
+def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
+    """PSNR (per frame, mean) and FID at the recording's resolution; generated frames are upsampled
+    bilinearly when the translator works below it. FID: InceptionV3 pool features, covariances / (N - 1),
+    at most ``fid_frames`` frames per side (evenly spaced), against the held-out real frames."""
     from comsim.io.lerobot import LeRobotDataset
+    from comsim.metrics.frechet import InceptionFeatures, fid
 
     cam = cfg.data.camera
     sources = [LeRobotDataset(p) for p in cfg.data.paths]
-    out = {"sim": []} | {m: [] for m in gens}
-    for i, ep in enumerate(episodes):
+    reals, sims = [], []
+    for ep in episodes:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[cam, f"{cam}_sim"])
-        real, sim = w.frames[cam], w.frames[f"{cam}_sim"]
-        out["sim"].append(psnr(sim, real))
-        for m, g in gens.items():
-            out[m].append(psnr(resize_video(g[i], real.shape[1:3]), real))
-    return {k: round(float(np.mean(v)), 2) for k, v in out.items()} | {"resolution": list(real.shape[1:3])}
+        reals.append(w.frames[cam]), sims.append(w.frames[f"{cam}_sim"])
+    size = reals[0].shape[1:3]
+    ups = {m: [resize_video(g, size) for g in gs] for m, gs in gens.items()}
+    out = {"psnr": {"sim": round(psnr_frames(zip(sims, reals)), 2)}, "resolution": list(size)}
+    for m, gs in ups.items():
+        out["psnr"][m] = round(psnr_frames(zip(gs, reals)), 2)
+    if fid_frames:
+        feats = InceptionFeatures()
+        pick = lambda vs: (lambda a: a[np.linspace(0, len(a) - 1, min(fid_frames, len(a))).astype(int)])(  # noqa: E731
+            np.concatenate(vs))
+        ref = feats(pick(reals))
+        out["fid"] = {"sim": round(fid(feats(pick(sims)), ref), 1), "frames": int(len(ref))}
+        for m, gs in ups.items():
+            out["fid"][m] = round(fid(feats(pick(gs)), ref), 1)
+    return out
+
+
+def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict | None:
+    """Object fidelity (comsim.metrics.fidelity) of the generated held-out episodes against the twin's labels,
+    and of their REAL frames (the estimator's ceiling); colour models fit on training episodes' real frames."""
+    from comsim.io.lerobot import LeRobotDataset
+    from comsim.metrics.fidelity import FidelityModel, labels_from_palette, object_fidelity, pool
+    from comsim.translator.data import split_episodes
+
+    cam, res = cfg.data.camera, tuple(cfg.data.resolution)
+    seg_key = f"{cam}_sim_seg"
+    sources = [LeRobotDataset(p) for p in cfg.data.paths]
+    if seg_key not in sources[0].camera_keys:
+        return None
+    train_eps, _ = split_episodes([len(s) for s in sources], cfg.data.val_episodes)
+    model = FidelityModel()
+    for s, e in train_eps[::max(1, len(train_eps) // fit_episodes)][:fit_episodes]:
+        ep = sources[s].read_episode(e, cameras=[cam, seg_key])
+        model.update(resize_video(ep.frames[cam], res), labels_from_palette(resize_video(ep.frames[seg_key], res)))
+    labels = []
+    for ep in episodes:
+        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])
+        labels.append(labels_from_palette(resize_video(w.frames[seg_key], res)))
+    out = {"resolution": list(res), "real_ceiling": pool([object_fidelity(e["real"], lab, model)
+                                                          for e, lab in zip(episodes, labels)])}
+    out["sim_render"] = pool([object_fidelity(e["sim"], lab, model) for e, lab in zip(episodes, labels)])
+    for m, gs in gens.items():
+        out[m] = pool([object_fidelity(g, lab, model) for g, lab in zip(gs, labels)])
+    return out
 
 
 def main(argv=None):
@@ -205,8 +253,8 @@ def main(argv=None):
     p.add_argument("--camera", default=None, help="camera short name (default: the config's)")
     p.add_argument("--model", default=None, help="a trained pipeline folder: skip training")
     p.add_argument("--out", default="runs/bench-translator")
-    p.add_argument("--minutes", type=float, default=None, help="training wall-time cap (default: the config's "
-                   "train.max_minutes)")
+    p.add_argument("--fid-frames", type=int, default=300, help="frames per side for FID at native resolution "
+                   "(0: skip FID)")
     p.add_argument("--frames", type=int, default=24, help="frames per held-out episode scored")
     p.add_argument("--num-steps", type=int, default=None, help="sampling steps (default: the config's)")
     p.add_argument("--threads", type=int, default=2)
@@ -215,8 +263,7 @@ def main(argv=None):
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    overrides = [f"train.output_dir={args.out}", *([f"train.max_minutes={args.minutes}"] if args.minutes else []),
-                 *args.overrides]
+    overrides = [f"train.output_dir={args.out}", *args.overrides]
     data = args.data
     if data == ["lab"]:
         data = lab_pairs(args.pairs, args)
@@ -254,18 +301,18 @@ def main(argv=None):
     sc = cfg.sampling
     n_steps = args.num_steps or sc.num_steps
     modes = {"action_only": (1.0, 0.0), "sim_only": (0.0, 1.0), "composed": (sc.w_action, sc.w_sim)}
-    scores = {"sim": [], **{m: [] for m in modes}}
     gens = {m: [] for m in modes}
     t1 = time.time()
     for i, ep in enumerate(episodes):
-        scores["sim"].append(psnr(ep["sim"], ep["real"]))
         for m, (wa, ws) in modes.items():
-            gen = pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i)
-            gens[m].append(gen)
-            scores[m].append(psnr(gen, ep["real"]))
-    result["psnr"] = {k: round(float(np.mean(v)), 2) for k, v in scores.items()}
+            gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i))
+    result["psnr"] = {"sim": round(psnr_frames((e["sim"], e["real"]) for e in episodes), 2)}
+    for m, gs in gens.items():
+        result["psnr"][m] = round(psnr_frames((g, e["real"]) for g, e in zip(gs, episodes)), 2)
     if not synthetic:
-        result["psnr_native"] = native_psnr(cfg, pipe, episodes, n_steps, gens)
+        native = native_scores(cfg, pipe, episodes, gens, args.fid_frames)
+        result["psnr_native"], result["fid_native"] = native["psnr"], native.get("fid")
+        result["object_fidelity"] = held_out_fidelity(cfg, episodes, {"composed": gens["composed"]})
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
     result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
                    "num_steps": n_steps, "weights": {"w_action": sc.w_action, "w_sim": sc.w_sim}})
@@ -296,10 +343,16 @@ def main(argv=None):
         result["action_consistency"] = None
     result["eval_minutes"] = round((time.time() - t1) / 60, 2)
     ps = result["psnr"]
-    result["targets"] = {"gain_ge_8db": result["gain_db_over_sim"] >= 8.0,
-                         "composed_ge_sim_only": ps["composed"] >= ps["sim_only"],
-                         "composed_gt_action_only": ps["composed"] > ps["action_only"] + 1.0,
-                         "train_le_15min": result.get("train_minutes", 0.0) <= 15.0}
+    native = result.get("psnr_native") or ps
+    fidn = result.get("fid_native") or {}
+    fidelity = (result.get("object_fidelity") or {}).get("composed", {})
+    moving = ((result.get("action_consistency") or {}).get("w_action=1") or {}).get("iou_moving")
+    result["targets"] = {"native_composed_ge_sim_plus_7db": native["composed"] >= native["sim"] + 7.0,
+                         "native_composed_ge_sim_only": native["composed"] >= native["sim_only"],
+                         "native_fid_le_half_of_sim": bool(fidn) and fidn["composed"] <= fidn["sim"] / 2,
+                         "moving_iou_ge_0.35": moving is not None and moving >= 0.35,
+                         "cube_within_2px_ge_90pct": fidelity.get("object_within", 0.0) >= 0.9,
+                         "train_le_20min": result.get("train_minutes", 0.0) <= 20.0}
     print(json.dumps(result))
 
 

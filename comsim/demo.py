@@ -26,18 +26,18 @@ class DemoProfile:
     task: str = "push"
     real_episodes: int = 10
     sim_episodes: int = 20
-    # configs/translator/tiny_lab.yaml is the CPU translator for lab pairs (bench/translator.py
-    # --data lab); the demo trains it for fewer steps so its cosine schedule ends inside the cap.
+    ood_sim_episodes: int = 6  # out-of-distribution layouts, converted too: object fidelity where no real cube was
+    # The CPU translator for lab pairs at the camera's 128x128, trained for its own fixed number of steps
+    # (train.max_steps): the demo's model is the same on a fast and on a slow machine.
     translator_config: str = "configs/translator/tiny_lab.yaml"
-    translator_steps: int = 900
-    translator_minutes: float = 9.0
+    translator_steps: int | None = None  # None: the config's train.max_steps
     policy_experiment: str = "configs/experiments/demo_small.yaml"
 
 
 PROFILES = {
     "small": DemoProfile(),
-    "full": DemoProfile(real_episodes=10, sim_episodes=200, translator_config="configs/translator/small.yaml",
-                        translator_steps=20000, translator_minutes=600.0,
+    "full": DemoProfile(real_episodes=10, sim_episodes=200, ood_sim_episodes=50,
+                        translator_config="configs/translator/small.yaml", translator_steps=20000,
                         policy_experiment="configs/experiments/compsim_table.yaml"),
 }
 
@@ -82,18 +82,26 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"), needs=["lab record"])
     model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p),
                      needs=["twin calibrate + replay"])
-    sim_dir = out / "sim"
+    sim_dir, ood_dir = out / "sim", out / "sim_ood"
     # In the ALIGNED twin: the translator learned the calibrated camera and colours, not the nominal cell.
-    step("factory generate", lambda: _generate(sim_dir, p, paired_dir / "twin_aligned.yaml"),
+    step("factory generate", lambda: _generate(sim_dir, ood_dir, p, paired_dir / "twin_aligned.yaml"),
          needs=["twin calibrate + replay"])
-    pseudo_dir = out / "pseudo_real"
-    step("convert", lambda: _convert(model_dir, sim_dir, pseudo_dir, p), needs=["translator training", "factory generate"])
+    pseudo_dir, pseudo_ood_dir = out / "pseudo_real", out / "pseudo_real_ood"
+    step("convert", lambda: _convert(model_dir, [(sim_dir, pseudo_dir), (ood_dir, pseudo_ood_dir)]),
+         needs=["translator training", "factory generate"])
     heldout_dir = out / "heldout_pseudo_real"
-    step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json", p),
-         needs=["translator training"])
+    step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json",
+                                           {"id": pseudo_dir, "ood": pseudo_ood_dir}),
+         needs=["translator training", "convert"])
     step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir), needs=["lab record"])
+    stages = {"profile": profile, "timings": timings, "failures": failures}
+    summary_path = out / "translator" / "train_summary.json"
+    if summary_path.is_file():  # steps done of planned: a translator that stopped early says so
+        summary = json.loads(summary_path.read_text())
+        stages["translator"] = {k: summary.get(k) for k in ("steps_done", "steps_planned", "stopped_early",
+                                                            "stop_reason")}
     with atomic_output(out / "stages.json") as tmp:  # the report builder reads what ran, failed, took how long
-        tmp.write_text(json.dumps({"profile": profile, "timings": timings, "failures": failures}, indent=1) + "\n")
+        tmp.write_text(json.dumps(stages, indent=1) + "\n")
     report = build_report(out, title="ComSim demo: the lab, end to end")
     _log(f"report: {report.resolve()}")
     if failures:
@@ -103,6 +111,14 @@ def run_demo(out: Path, profile: str = "small") -> Path:
 
 
 # -- steps ----------------------------------------------------------------------------------
+def _package_file(path: str) -> Path:
+    """A config path of the repository (configs/...), found from any working directory."""
+    p = Path(path)
+    if p.is_absolute() or p.is_file():
+        return p
+    return Path(__file__).resolve().parents[1] / p
+
+
 def _lab(lab_dir: Path, p: DemoProfile) -> None:
     from comsim.lab.record import record_dataset
 
@@ -115,7 +131,7 @@ def _twin(lab_dir: Path, paired_dir: Path, twin_dir: Path) -> dict:
 
     summary_path = twin_dir / "summary.json"
     if not _done(paired_dir) or not summary_path.is_file():
-        replay_dataset(real=lab_dir, twin=Path("configs/twin/panda_cell.yaml"), out=paired_dir, mode="physics",
+        replay_dataset(real=lab_dir, twin=_package_file("configs/twin/panda_cell.yaml"), out=paired_dir, mode="physics",
                        calibration=None)
         summary = {}
         report_path = paired_dir / "alignment_report.json"
@@ -133,65 +149,89 @@ def _translator(paired_dir: Path, run_dir: Path, p: DemoProfile) -> Path:
     if (final / "translator.json").is_file():
         return final
     n = len(LeRobotDataset(paired_dir))
-    cfg = load_train_config(p.translator_config, [
-        f"data.paths=[{paired_dir}]", f"data.val_episodes={max(1, n // 5)}", f"train.output_dir={run_dir}",
-        f"train.max_steps={p.translator_steps}", f"train.max_minutes={p.translator_minutes}",
-        "train.checkpointing_steps=100", "train.validation_steps=100000"])
+    steps = [f"train.max_steps={p.translator_steps}"] if p.translator_steps else []
+    cfg = load_train_config(_package_file(p.translator_config), [
+        f"data.paths=[{paired_dir}]", f"data.val_episodes={_val_episodes(n)}", f"train.output_dir={run_dir}",
+        *steps, "train.checkpointing_steps=100"])
     result = train(cfg, resume_from_checkpoint="latest" if any(run_dir.glob("checkpoint-*")) else None)
     return Path(result) if result else final
 
 
-def _generate(sim_dir: Path, p: DemoProfile, scene: Path) -> None:
+def _generate(sim_dir: Path, ood_dir: Path, p: DemoProfile, scene: Path) -> None:
     from comsim.factory.generate import generate_dataset
 
+    # the twin's labels (seg) ride along: object fidelity compares the converted frames with them
     if not _done(sim_dir):
-        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene)
+        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene, controls=("seg",))
+    if p.ood_sim_episodes and not _done(ood_dir):
+        generate_dataset(p.task, p.ood_sim_episodes, ood_dir, workers=2, seed=2000, split="ood", scene=scene,
+                         controls=("seg",))
 
 
-def _convert(model_dir: Path, sim_dir: Path, pseudo_dir: Path, p: DemoProfile) -> None:
+def _convert(model_dir: Path, jobs: list[tuple[Path, Path]]) -> None:
     from comsim.convert import convert_dataset
 
-    if not _done(pseudo_dir):
-        convert_dataset(model_dir, sim_dir, pseudo_dir, workers=2, seed=0)  # the translator's own sampling
+    for sim_dir, pseudo_dir in jobs:
+        if _done(sim_dir) and not _done(pseudo_dir):
+            convert_dataset(model_dir, sim_dir, pseudo_dir, workers=2, seed=0)  # the translator's own sampling
+
+
+def _val_episodes(n: int) -> int:
+    return max(1, n // 5)
 
 
 def _heldout_indices(paired_dir: Path) -> list[int]:
-    n = len(LeRobotDataset(paired_dir))
-    return list(range(n - max(1, n // 5), n))  # the translator's validation episodes
+    from comsim.translator.data import split_episodes
+
+    _, val = split_episodes([len(LeRobotDataset(paired_dir))], _val_episodes(len(LeRobotDataset(paired_dir))))
+    return [e for _, e in val]  # the translator's validation episodes
 
 
-def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path: Path, p: DemoProfile) -> dict:
-    """Translate the held-out paired episodes and score them (and raw sim) against the lab frames."""
+def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path: Path, converted: dict) -> dict:
+    """Translate the held-out paired episodes and score them (and raw sim) against the lab frames; object
+    fidelity of those and of the converted factory episodes (in- and out-of-distribution layouts)."""
     if metrics_path.is_file():
         return json.loads(metrics_path.read_text())
     from comsim.io.lerobot import DatasetWriter
     from comsim.metrics.evaluate import evaluate_video
+    from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
     from comsim.translator.pipeline import TranslatorPipeline
 
     pipe = TranslatorPipeline.from_pretrained(model_dir)
     ds = LeRobotDataset(paired_dir)
     cam = pipe.camera
     H, W = pipe.resolution
+    seg = f"{cam}_sim_seg"
     sim_dir, real_dir = heldout_dir / "sim_only", heldout_dir / "real"
+    heldout = _heldout_indices(paired_dir)
     if not _done(heldout_dir / "pseudo"):
         from comsim.translator.data import resize_video
 
         writers = {k: DatasetWriter(heldout_dir / k, ds.fps) for k in ("pseudo", "sim_only", "real")}
-        for j, i in enumerate(_heldout_indices(paired_dir)):
-            ep = ds.read_episode(i, cameras=[cam, f"{cam}_sim"])
+        for j, i in enumerate(heldout):
+            ep = ds.read_episode(i, cameras=[cam, f"{cam}_sim", seg])
             sim = resize_video(ep.frames[f"{cam}_sim"], (H, W))
             real = resize_video(ep.frames[cam], (H, W))
             fake = pipe(sim, ep.action, seed=i)
             for k, frames in (("pseudo", fake), ("sim_only", sim), ("real", real)):
-                ep_k = type(ep)(frames={cam: frames}, action=ep.action, state=ep.state, fps=ep.fps,
-                                task=ep.task, provenance=ep.provenance)
+                ep_k = type(ep)(frames={cam: frames, seg: ep.frames[seg]}, action=ep.action, state=ep.state,
+                                fps=ep.fps, task=ep.task, provenance=ep.provenance)
                 writers[k].add_episode(ep_k, episode_index=j)
         for w in writers.values():
             w.close()
     opts = dict(camera=cam, metrics=["psnr", "ssim", "fid"])
     result = {"pseudo_real_vs_real": evaluate_video(heldout_dir / "pseudo", real_dir, **opts),
               "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
-    metrics_path.write_text(json.dumps(result, indent=1, default=str))
+    # colour models from the training pairs' real frames only (never the held-out or generated ones)
+    model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W))
+    fidelity = {"heldout_real (estimator ceiling)": evaluate_object_fidelity(real_dir, model, cam),
+                "heldout_pseudo_real": evaluate_object_fidelity(heldout_dir / "pseudo", model, cam)}
+    for split, path in converted.items():
+        if _done(path):
+            fidelity[f"factory_pseudo_real_{split}"] = evaluate_object_fidelity(path, model, cam)
+    result["object_fidelity"] = fidelity
+    with atomic_output(metrics_path) as tmp:  # written whole: the file is this stage's "done" marker
+        tmp.write_text(json.dumps(result, indent=1, default=str))
     return result
 
 
@@ -201,5 +241,5 @@ def _policy(p: DemoProfile, out: Path, lab_dir: Path, sim_dir: Path, pseudo_dir:
     except ImportError:
         _log("policy experiment: comsim.policy is not available; skipped")
         return None
-    return run_experiment(p.policy_experiment, out / "policy",
+    return run_experiment(_package_file(p.policy_experiment), out / "policy",
                           datasets={"real": lab_dir, "sim": sim_dir, "pseudo_real": pseudo_dir})

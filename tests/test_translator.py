@@ -1,4 +1,5 @@
 """Translator tests: a micro model (dim 32, depth 2, 4 frames of 16x16) on synthetic pairs."""
+import json
 import os
 import shutil
 import subprocess
@@ -335,6 +336,52 @@ def test_resume_reproduces_uninterrupted_run(tmp_path):
     # nothing in a checkpoint needs unpickling beyond accelerate's weights_only loads
     assert not list((tmp_path / "cut").rglob("custom_checkpoint_*"))
     assert full.name == resumed.name == "final"
+    # the run's summary: steps done of planned, a loss curve that keeps its history over the resume
+    cut_summary = json.loads((tmp_path / "cut" / "train_summary.json").read_text())
+    full_summary = json.loads((tmp_path / "full" / "train_summary.json").read_text())
+    assert (cut_summary["steps_done"], cut_summary["steps_planned"], cut_summary["stopped_early"]) == (6, 6, False)
+    assert [r[0] for r in cut_summary["loss"]] == [r[0] for r in full_summary["loss"]] == [2, 4, 6]
+    grid = tmp_path / "cut" / cut_summary["validation"][-1]["grid"]
+    assert grid.is_file() and cut_summary["validation"][-1]["step"] == 6
+
+
+def test_training_summary_says_a_run_stopped_early(tmp_path):
+    assert train(micro_cfg(tmp_path, "train.max_steps=4", "train.checkpointing_steps=2"), stop_at_step=2) is None
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert (summary["steps_done"], summary["steps_planned"], summary["stopped_early"]) == (2, 4, True)
+    assert "resume" in summary["stop_reason"]
+
+
+def test_native_resolution_model_with_large_patches_and_refinement():
+    """16x16 pixel patches with the bottleneck embedding and the full-resolution conv head: shapes, and at
+    init the head adds nothing (zero last layer), so a fresh model equals its patch output."""
+    kw = dict(in_channels=3, sim_channels=3, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
+              dim=32, depth=1, heads=2, prediction_type="sample", patch_bottleneck=16)
+    torch.manual_seed(0)
+    plain = CompositionalVideoDiT(**kw)
+    torch.manual_seed(0)
+    refined = CompositionalVideoDiT(**kw, refine_channels=4)
+    g = torch.Generator().manual_seed(1)
+    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 3, 2, 32, 32, generator=g)
+    t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
+    with torch.no_grad():
+        for m in (plain, refined):  # AdaLN-Zero: randomize the zero layers so that the output is not zero
+            torch.manual_seed(2)
+            for p in m.parameters():
+                if p.abs().sum() == 0 and p.ndim == 2 and p.shape[0] != 3:
+                    p.normal_(0, 0.05)
+        assert torch.allclose(plain(x, t, a, s), refined(x, t, a, s), atol=1e-6)
+        refined.refine[-1].weight.normal_(0, 0.1)
+        out = refined(x, t, a, s)
+    assert out.shape == x.shape and not torch.allclose(out, plain(x, t, a, s))
+    loss = refined(x, t, a, s).square().mean()
+    loss.backward()
+    assert refined.refine[0].weight.grad.abs().sum() > 0
+
+
+def test_config_names_a_resolution_the_patch_does_not_divide():
+    with pytest.raises(ValueError, match=r"data.resolution=\[100, 100\].*model.patch_size=\[1, 16, 16\]"):
+        micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")
 
 
 def test_two_process_cpu_ddp(tmp_path):
@@ -406,5 +453,8 @@ def test_bad_inputs_fail_before_compute(trained, tmp_path):
     # resuming a run with a different architecture names the field and both values
     run = tmp_path / "run"
     shutil.copytree(Path(trained).parent, run)
-    with pytest.raises(TranslatorMismatchError, match="model.dim=32.*model.dim=48"):
+    with pytest.raises(TranslatorMismatchError, match="model.dim: checkpoint 32 vs config 48"):
         train(micro_cfg(run, "model.dim=48"), resume_from_checkpoint="latest")
+    # ... every differing field, including what the weights mean (velocity vs x-prediction)
+    with pytest.raises(TranslatorMismatchError, match="model.depth: .*model.prediction_type: checkpoint "):
+        train(micro_cfg(run, "model.depth=3", "model.prediction_type=sample"), resume_from_checkpoint="latest")

@@ -157,6 +157,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             the sim latents plus the network's output: the twin already draws the scene where it
             is, so the network starts at the raw sim render and learns only what the real camera
             adds. A sample without sim predicts x0 outright.
+        patch_bottleneck: > 0: the patch embedding goes through this many values first (JiT's
+            bottleneck for large pixel patches, e.g. 16x16 at 128x128).
+        refine_channels: > 0: a small per-frame conv head at full resolution adds detail to the
+            patch output from the noisy input and the sim video (see ``__init__``).
     """
 
     _supports_gradient_checkpointing = True
@@ -181,6 +185,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         action_fourier: int = 4,
         prediction_type: str = "velocity",
         sim_residual: bool = False,
+        patch_bottleneck: int = 0,
+        refine_channels: int = 0,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -195,8 +201,13 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"num_frames x sample_size = {num_frames} x {tuple(sample_size)} must be divisible "
                              f"by patch_size={tuple(patch_size)}")
         self.gradient_checkpointing = False
+        if patch_bottleneck < 0 or refine_channels < 0:
+            raise ValueError(f"patch_bottleneck and refine_channels must be >= 0 (0 = off), got "
+                             f"{patch_bottleneck} and {refine_channels}")
         patch_in = (in_channels + sim_channels + 1) * pt * ph * pw  # +1: sim presence mask
-        self.patch_embed = nn.Linear(patch_in, dim)
+        # JiT's bottleneck patch embedding: a large pixel patch is projected to a few values first
+        self.patch_embed = (nn.Sequential(nn.Linear(patch_in, patch_bottleneck), nn.Linear(patch_bottleneck, dim))
+                            if patch_bottleneck else nn.Linear(patch_in, dim))
         self.sim_null = nn.Parameter(torch.zeros(dim))  # added to tokens whose sim was dropped
 
         self.time_proj = Timesteps(256, flip_sin_to_cos=True, downscale_freq_shift=0)
@@ -214,6 +225,17 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         for lin in (self.ada_out, self.proj_out):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
+        self.refine = None
+        if refine_channels:
+            # Per-frame convolutions at the full latent resolution over (patch output, noisy input, sim, mask):
+            # a token of a large patch sees the frame coarsely, the refinement puts back the sim render's
+            # edges (a 5-px cube) where the twin drew them. Zero-initialised last layer: starts as identity.
+            c_in = in_channels * 2 + sim_channels + 1
+            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.SiLU(),
+                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.SiLU(),
+                                        nn.Conv2d(refine_channels, in_channels, 3, padding=1))
+            nn.init.zeros_(self.refine[-1].weight)
+            nn.init.zeros_(self.refine[-1].bias)
         self._rope_cache: dict = {}
 
     # -- helpers ---------------------------------------------------------------------------
@@ -266,7 +288,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         ones = torch.ones(B, dtype=torch.bool, device=noisy_latents.device)
         action_keep = ones if action_keep is None else action_keep.to(noisy_latents.device).bool()
         sim_keep = ones if sim_keep is None else sim_keep.to(noisy_latents.device).bool()
-        dtype = self.patch_embed.weight.dtype
+        dtype = self.proj_out.weight.dtype
 
         # sim condition: zeros + mask 0 when dropped; channel concat with the noisy latents
         sk = sim_keep.view(B, 1, 1, 1, 1).to(noisy_latents.dtype)
@@ -295,6 +317,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
         x = rearrange(x, "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
+        if self.refine is not None:
+            frames = torch.cat([x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)], dim=1)
+            frames = rearrange(frames, "b c t h w -> (b t) c h w")
+            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
             x = x + (sim_latents[:, :C] * sk).to(x.dtype)
         return x

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode
+from comsim.metrics.frame import psnr as frame_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, resize_video, split_episodes)
@@ -45,6 +46,8 @@ class ModelConfig:
     action_fourier: int = 4  # sin/cos features of the actions (0: raw values only)
     prediction_type: str = "velocity"  # velocity (v = noise - x0) | sample (x0, JiT-style; see model.py)
     sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
+    patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
+    refine_channels: int = 0  # > 0: full-resolution conv head over (patch output, noisy input, sim)
     gradient_checkpointing: bool = False
 
 
@@ -88,8 +91,7 @@ class TrainConfig:
     output_dir: str = "runs/translator"
     batch_size: int = 8  # per process
     gradient_accumulation_steps: int = 1
-    max_steps: int = 1000
-    max_minutes: float | None = None  # also stop (and save) after this much wall time
+    max_steps: int = 1000  # the run's length: a fixed number of steps, whatever the machine's speed
     learning_rate: float = 3e-4
     weight_decay: float = 0.0
     adam_betas: tuple[float, float] = (0.9, 0.99)
@@ -137,6 +139,13 @@ class TranslatorConfig:
             raise ValueError(f"model.prediction_type must be one of {PREDICTION_TYPES}, got {self.model.prediction_type!r}")
         if self.codec.type not in ("pixel", "diffusers_vae"):
             raise ValueError(f"codec.type must be 'pixel' or 'diffusers_vae', got {self.codec.type!r}")
+        pt, ph, pw = self.model.patch_size
+        H, W = self.data.resolution
+        if self.codec.type == "pixel" and (H % ph or W % pw or self.data.num_frames % pt):
+            raise ValueError(f"data.resolution={[H, W]} and data.num_frames={self.data.num_frames} must be divisible "
+                             f"by model.patch_size={[pt, ph, pw]} (frames, height, width) in pixel space")
+        if self.model.patch_bottleneck < 0 or self.model.refine_channels < 0:
+            raise ValueError("model.patch_bottleneck and model.refine_channels must be >= 0 (0 = off)")
 
 
 def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TranslatorConfig:
@@ -144,10 +153,10 @@ def load_train_config(path: str | Path, overrides: list[str] | None = None) -> T
 
 
 # fields that fix the architecture or the meaning of the weights: a checkpoint must match them
-ARCH_FIELDS = ("model.dim", "model.depth", "model.heads", "model.mlp_ratio", "model.patch_size",
-               "model.abs_pos_embed", "model.action_fourier", "codec.type",
-               "codec.pretrained", "codec.subfolder", "codec.vae_class", "data.camera", "data.controls",
-               "data.num_frames", "data.resolution")
+# (every model field but the memory/speed trade-off, so a new model field is covered by default)
+ARCH_FIELDS = tuple(f"model.{f.name}" for f in dataclasses.fields(ModelConfig) if f.name != "gradient_checkpointing") + (
+    "codec.type", "codec.pretrained", "codec.subfolder", "codec.vae_class", "data.camera", "data.controls",
+    "data.num_frames", "data.resolution")
 
 
 def _get(d: dict, dotted: str):
@@ -162,11 +171,11 @@ def check_checkpoint_config(checkpoint: Path, cfg: TranslatorConfig) -> None:
     if not path.is_file():
         raise TranslatorMismatchError(f"{checkpoint} has no translator_config.json: not a translator checkpoint")
     saved, now = json.loads(path.read_text()), json.loads(json.dumps(to_dict(cfg)))
-    for key in ARCH_FIELDS:
-        if _get(saved, key) != _get(now, key):
-            raise TranslatorMismatchError(f"checkpoint {checkpoint} was trained with {key}={_get(saved, key)!r}, "
-                                          f"but this config has {key}={_get(now, key)!r}; use the same config "
-                                          "(or a new train.output_dir)")
+    differ = [k for k in ARCH_FIELDS if _get(saved, k) != _get(now, k)]
+    if differ:
+        what = ", ".join(f"{k}: checkpoint {_get(saved, k)!r} vs config {_get(now, k)!r}" for k in differ)
+        raise TranslatorMismatchError(f"checkpoint {checkpoint} has another architecture ({what}); use the "
+                                      "config it was trained with (or a new train.output_dir)")
 
 
 # -- determinism helpers ----------------------------------------------------------------------
@@ -212,11 +221,6 @@ def write_mp4(path: Path, frames: np.ndarray, fps: float = 10.0) -> None:
                 box.mux(packet)
         for packet in stream.encode():
             box.mux(packet)
-
-
-def psnr(a: np.ndarray, b: np.ndarray) -> float:
-    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
-    return float(10 * np.log10(255.0 ** 2 / max(mse, 1e-10)))
 
 
 def save_validation(out_dir: Path, step: int, sims, gens, reals, fps: float, upscale: int = 4) -> None:
@@ -273,7 +277,7 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
-        sim_residual=m.sim_residual)
+        sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -410,7 +414,8 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
                                tc.max_steps * accum)
     loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler, num_workers=cfg.data.num_workers)
     micro = global_step * accum
-    t_start, t_last, losses = time.time(), time.time(), []
+    t_last, losses = time.time(), []
+    summary = TrainSummary.resume(out, tc.max_steps, global_step, cfg)
     stopped_early = False
     progress = None
     if accelerator.is_main_process:
@@ -452,21 +457,21 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
             t_last, losses = now, []
             accelerator.log({"loss": mean_loss, "lr": lr_scheduler.get_last_lr()[0], "step_time_s": step_time},
                             step=global_step)
+            summary.loss.append([global_step, round(mean_loss, 6)])
             if progress is not None:
                 progress.set_postfix(loss=f"{mean_loss:.4f}", s_per_step=f"{step_time:.2f}")
 
-        out_of_time = False
-        if tc.max_minutes is not None:
-            flag = torch.tensor(float(time.time() - t_start > 60 * tc.max_minutes), device=dev)
-            out_of_time = accelerator.reduce(flag, "sum").item() > 0
-        last = global_step >= tc.max_steps or out_of_time
+        last = global_step >= tc.max_steps
         stop_now = stop_at_step is not None and global_step >= stop_at_step
-        if global_step % tc.checkpointing_steps == 0 or last or stop_now:
-            save_checkpoint(accelerator, out, global_step, tc.checkpoints_total_limit, cfg_json, ema, lr_scheduler)
         if accelerator.is_main_process and val_ds is not None and (global_step % tc.validation_steps == 0 or last):
             with ema_weights(ema, accelerator.unwrap_model(model)):
-                validate(cfg, accelerator, make_pipeline(cfg, accelerator.unwrap_model(model), codec, normalizer, fps),
-                         val_ds, global_step)
+                summary.validation.append(validate(
+                    cfg, accelerator, make_pipeline(cfg, accelerator.unwrap_model(model), codec, normalizer, fps),
+                    val_ds, global_step))
+        if global_step % tc.checkpointing_steps == 0 or last or stop_now:
+            save_checkpoint(accelerator, out, global_step, tc.checkpoints_total_limit, cfg_json, ema, lr_scheduler)
+            if accelerator.is_main_process:
+                summary.write(out, global_step)
         if stop_now and not last:
             stopped_early = True
             break
@@ -482,8 +487,39 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
             provenance = {"config": cfg_json, "steps": global_step, "ema": ema is not None}
             final = make_pipeline(cfg, unwrapped, codec, normalizer, fps, provenance).save_pretrained(out / "final")
         print(f"saved {final} after {global_step} steps", flush=True)
+        summary.write(out, global_step)
     accelerator.end_training()
     return final
+
+
+class TrainSummary:
+    """``output_dir/train_summary.json``: steps done of planned, the loss curve, the validation scores and
+    grids, the sampling settings. Written with every checkpoint, so a resumed run keeps its history up to
+    the checkpoint it resumed from (entries after it are dropped: they are trained again)."""
+
+    FILE = "train_summary.json"
+
+    def __init__(self, steps_planned: int, cfg: TranslatorConfig, loss=None, validation=None):
+        self.steps_planned, self.cfg = steps_planned, cfg
+        self.loss, self.validation = list(loss or []), list(validation or [])
+
+    @classmethod
+    def resume(cls, out: Path, steps_planned: int, step: int, cfg: TranslatorConfig) -> "TrainSummary":
+        path = Path(out) / cls.FILE
+        old = json.loads(path.read_text()) if step > 0 and path.is_file() else {}
+        return cls(steps_planned, cfg, [r for r in old.get("loss", []) if r[0] <= step],
+                   [v for v in old.get("validation", []) if v["step"] <= step])
+
+    def write(self, out: Path, step: int) -> None:
+        from comsim.io.files import write_json
+
+        c = self.cfg
+        write_json({
+            "steps_planned": self.steps_planned, "steps_done": step, "stopped_early": step < self.steps_planned,
+            "stop_reason": None if step >= self.steps_planned else "not finished (a checkpoint of a run in progress "
+                                                                    "or killed; resume with --resume_from_checkpoint latest)",
+            "resolution": list(c.data.resolution), "sampling": dataclasses.asdict(c.sampling),
+            "loss": self.loss, "validation": self.validation}, Path(out) / self.FILE)
 
 
 class ema_weights:
@@ -561,14 +597,17 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
         gen = pipe(sim, ep.action, w_action=cfg.sampling.w_action, w_sim=cfg.sampling.w_sim,
                    num_steps=cfg.sampling.num_steps, seed=cfg.train.seed, controls=controls or None)
         sims.append(sim), gens.append(gen), reals.append(real)
-        scores.append(psnr(gen, real))
-    metrics = {"val_psnr": float(np.mean(scores)), "val_psnr_sim": float(np.mean([psnr(s, r) for s, r in zip(sims, reals)]))}
+        scores.append(frame_psnr(gen, real))
+    metrics = {"val_psnr": float(np.mean(np.concatenate(scores))),
+               "val_psnr_sim": float(np.mean(np.concatenate([frame_psnr(s, r) for s, r in zip(sims, reals)])))}
     accelerator.log(metrics, step=step)
-    save_validation(Path(cfg.train.output_dir) / "validation", step, sims, gens, reals, pipe.fps)
+    upscale = max(1, 128 // max(val_ds.resolution))  # small models' grids are blown up to be seen; 128 px is native
+    save_validation(Path(cfg.train.output_dir) / "validation", step, sims, gens, reals, pipe.fps, upscale)
     if was_training:
         model.train()
-    return metrics
+    return {"step": step, "psnr": round(metrics["val_psnr"], 3), "psnr_sim": round(metrics["val_psnr_sim"], 3),
+            "grid": f"validation/step-{step:06d}.png"}
 
 
-__all__ = ["TranslatorConfig", "load_train_config", "train", "ConfigError", "flow_matching_loss", "psnr",
+__all__ = ["TranslatorConfig", "load_train_config", "train", "ConfigError", "flow_matching_loss",
            "build_datasets", "build_model", "make_pipeline", "check_checkpoint_config"]
