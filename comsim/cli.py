@@ -93,6 +93,13 @@ def _eval_video(a):
                        fvd_clips_per_episode=a.fvd_clips_per_episode, max_episodes=a.max_episodes,
                        device=a.device)
     report = to_json_safe(evaluate_video(a.pred, a.ref, opts))
+    if a.fidelity_fit:
+        from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
+
+        cam = a.camera or report.get("camera") or "front"
+        model = fit_fidelity_model(a.fidelity_fit, cam)
+        report["object_fidelity"] = to_json_safe(evaluate_object_fidelity(a.pred, model, cam))
+        report["object_fidelity"]["fit"] = str(a.fidelity_fit)
     if a.out:
         with atomic_output(Path(a.out)) as tmp:
             tmp.write_text(json.dumps(report, indent=2) + "\n")
@@ -215,6 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--fid-frame-stride", type=int, default=1, help="use every k-th frame for FID")
     v.add_argument("--fvd-clips-per-episode", type=int, default=None, help="1 = StyleGAN-V's protocol")
     v.add_argument("--max-episodes", type=int, default=None)
+    v.add_argument("--fidelity-fit", default=None, metavar="PAIRED",
+                   help="object fidelity of --pred (its CAM frames against its own CAM_sim_seg twin labels: a "
+                        "converted factory dataset generated with --controls seg), with colour models fit on the "
+                        "real frames of this paired dataset (a twin replay)")
     v.add_argument("--device", default="cpu")
     v.add_argument("--out", default=None, help="also write the report here (indented JSON)")
     v.set_defaults(func=_eval_video)

@@ -1,0 +1,59 @@
+"""Object fidelity: the colour-model estimator finds an object where it is drawn, and only there."""
+import numpy as np
+import pytest
+
+from comsim.io.lerobot import LeRobotDataset, write_dataset
+from comsim.episode import Episode, Provenance
+from comsim.metrics.fidelity import (FidelityModel, evaluate_object_fidelity, fit_fidelity_model, labels_from_palette,
+                                     object_fidelity)
+from comsim.twin.camera_model import seg_to_rgb
+
+
+def scene(T=12, size=32, shift=0, cube=True, seed=0):
+    """Frames of a grey noisy table, a white robot bar sweeping right and a 3x3 red cube moving down;
+    labels say where the cube is, the frames draw it ``shift`` px to the right of that."""
+    rng = np.random.default_rng(seed)
+    frames = (rng.normal(110, 6, (T, size, size, 3))).clip(0, 255).astype(np.uint8)
+    labels = np.zeros((T, size, size), np.int32)
+    for t in range(T):
+        x0 = 2 + t
+        labels[t, 2:8, x0:x0 + 10] = 1
+        frames[t, 2:8, x0:x0 + 10] = (235, 235, 240)
+        cy, cx = 14 + t // 2, 16
+        labels[t, cy:cy + 3, cx:cx + 3] = 2
+        if cube:
+            frames[t, cy:cy + 3, cx + shift:cx + shift + 3] = (200, 30, 35)
+    return frames, labels
+
+
+def test_objects_within_2px_where_drawn_missed_where_moved_or_gone():
+    frames, labels = scene()
+    model = FidelityModel().update(frames, labels)
+    assert model.object_labels == [2]
+    same = object_fidelity(*scene(seed=1), model)
+    assert same["object_within"] == 1.0 and same["object_error_px_median"] < 0.5
+    assert same["robot_iou"] > 0.95
+    moved = object_fidelity(*scene(seed=1, shift=4), model)
+    assert moved["object_within"] == 0.0 and 3.5 < moved["object_error_px_median"] < 4.5
+    gone = object_fidelity(*scene(seed=1, cube=False), model)
+    assert gone["object_within"] == 0.0 and gone["objects"][2]["missed"] == len(labels)
+
+
+def test_fidelity_of_datasets_from_their_own_twin_labels(tmp_path):
+    """Datasets on disk: labels ride as the <cam>_sim_seg palette video (H.264), read back to labels."""
+    def write(path, **kw):
+        frames, labels = scene(**kw)
+        ep = Episode(frames={"front": frames, "front_sim": frames, "front_sim_seg": seg_to_rgb(labels)},
+                     action=np.zeros((len(frames), 8), np.float32), state=np.zeros((len(frames), 8), np.float32),
+                     fps=10, provenance=Provenance(source="lab", task="push", seed=0))
+        return write_dataset(path, [ep], fps=10)
+
+    paired = write(tmp_path / "paired")
+    back = labels_from_palette(LeRobotDataset(paired).read_episode(0).frames["front_sim_seg"])
+    assert (back == scene()[1]).mean() > 0.97  # lossy video: a few edge pixels of the 3x3 cube may change
+    model = fit_fidelity_model(paired, "front")
+    good = evaluate_object_fidelity(write(tmp_path / "good", seed=3), model, "front")
+    bad = evaluate_object_fidelity(write(tmp_path / "bad", seed=3, shift=5), model, "front")
+    assert good["object_within"] > 0.9 and bad["object_within"] < 0.1
+    with pytest.raises(ValueError, match="front_sim_seg.*--controls seg"):
+        evaluate_object_fidelity(paired, model, "side")
