@@ -23,7 +23,7 @@ from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
 from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, flow_matching_loss,
-                                        make_pipeline, train)
+                                        load_train_config, make_pipeline, train)
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -458,3 +458,15 @@ def test_bad_inputs_fail_before_compute(trained, tmp_path):
     # ... every differing field, including what the weights mean (velocity vs x-prediction)
     with pytest.raises(TranslatorMismatchError, match="model.depth: .*model.prediction_type: checkpoint "):
         train(micro_cfg(run, "model.depth=3", "model.prediction_type=sample"), resume_from_checkpoint="latest")
+
+
+def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
+    """configs/translator/gpu_256.yaml at its full model size (one step, 2 frames, batch 1: a CPU can afford it)."""
+    cfg = load_train_config(ROOT / "configs" / "translator" / "gpu_256.yaml", [
+        f"train.output_dir={tmp_path}", "train.max_steps=1", "train.batch_size=1", "data.num_frames=2",
+        "data.num_workers=0", "data.val_episodes=0", "data.synthetic.episodes=2", "data.synthetic.length=3",
+        "data.synthetic.size=256", "train.checkpointing_steps=1", "train.warmup_steps=0"])
+    final = train(cfg)
+    pipe = TranslatorPipeline.from_pretrained(final)
+    assert pipe.resolution == (256, 256) and pipe.transformer.config.dim == 512
+    assert sum(p.numel() for p in pipe.transformer.parameters()) > 30e6
