@@ -2,7 +2,7 @@
 
     python bench/translator.py                       # synthetic pairs, trains configs/translator/tiny.yaml
     python bench/translator.py --data data/lab_pairs # paired LeRobot dataset(s) (cam + cam_sim), first = held out
-    python bench/translator.py --data lab            # lab pairs: bench/make_lab_pairs.py into --pairs (if missing)
+    python bench/translator.py --data lab            # lab pairs: `comsim twin lab-pairs` into --pairs (if missing)
     python bench/translator.py --model runs/translator-tiny/final   # skip training
 
 On the HELD-OUT episodes (the config's data.val_episodes) it reports PSNR against the real
@@ -46,13 +46,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from comsim.translator.data import resize_video  # noqa: E402
-from comsim.translator.pipeline import TranslatorPipeline  # noqa: E402
-from comsim.translator.synthetic import action_consistency  # noqa: E402
-from comsim.metrics.frame import psnr as frame_psnr  # noqa: E402
-from comsim.translator.training import build_datasets, load_train_config, train  # noqa: E402
+from comsim.translator.data import resize_video
+from comsim.translator.pipeline import TranslatorPipeline
+from comsim.translator.synthetic import action_consistency
+from comsim.metrics.frame import psnr as frame_psnr
+from comsim.translator.training import build_datasets, load_train_config, train
 
 
 def psnr_frames(pairs) -> float:
@@ -84,7 +83,7 @@ def lab_pairs(pairs_dir: Path, args) -> list[str]:
     there, never in this process, which has imported the translator) if missing."""
     manifest = pairs_dir / "pairs.json"
     if not manifest.is_file():
-        cmd = [sys.executable, str(ROOT / "bench" / "make_lab_pairs.py"), "--out", str(pairs_dir),
+        cmd = [sys.executable, "-m", "comsim.cli", "twin", "lab-pairs", "--out", str(pairs_dir),
                "--push", str(args.push), "--stack", str(args.stack), "--seed", str(args.pairs_seed),
                "--mode", args.mode]
         print("making lab pairs:", " ".join(cmd), flush=True)
@@ -243,7 +242,7 @@ def main(argv=None):
     p.add_argument("--config", default="configs/translator/tiny.yaml")
     p.add_argument("--data", nargs="+", default=None,
                    help="paired LeRobot dataset(s), the first holds the held-out episodes; 'lab': the lab pairs "
-                        "in --pairs (made by bench/make_lab_pairs.py if missing); default: synthetic pairs")
+                        "in --pairs (made by `comsim twin lab-pairs` if missing); default: synthetic pairs")
     p.add_argument("--pairs", type=Path, default=Path("runs/lab_pairs"), help="lab pairs folder (--data lab)")
     p.add_argument("--push", type=int, default=20, help="lab pairs to make: push episodes")
     p.add_argument("--stack", type=int, default=10, help="lab pairs to make: stack episodes")

@@ -43,6 +43,13 @@ def _twin_replay(a):
                          channels=channels, report=not a.no_report, refine=not a.no_refine))
 
 
+def _twin_lab_pairs(a):
+    from comsim.twin.lab_pairs import make_lab_pairs
+
+    print(json.dumps([str(p) for p in make_lab_pairs(Path(a.out), {"push": a.push, "stack": a.stack}, seed=a.seed,
+                                                      mode=a.mode)]))
+
+
 def _generate(a):
     from comsim.errors import InputError
     from comsim.factory.generate import generate_dataset
@@ -144,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--time-budget", type=float, default=540.0, help="seconds")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_twin_calibrate)
+    lp = twin.add_parser("lab-pairs", help="lab episodes replayed with the lab's true camera -> paired datasets "
+                         "for the translator (comsim/twin/lab_pairs.py)")
+    lp.add_argument("--out", required=True)
+    lp.add_argument("--push", type=int, default=20, help="push episodes (the held-out ones are the last of these)")
+    lp.add_argument("--stack", type=int, default=10, help="stack episodes (training only)")
+    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--mode", default="physics", choices=["kinematic", "physics"])
+    lp.set_defaults(func=_twin_lab_pairs)
     rp = twin.add_parser("replay", help="replay real actions in the twin -> paired dataset")
     rp.add_argument("--real", required=True)
     rp.add_argument("--twin", required=True, help="twin scene YAML")
