@@ -497,6 +497,15 @@ def test_experiment_runner_micro(data, tmp_path):
     # Changing the evaluation re-scores without retraining; a config typo names the key.
     doc2 = run_experiment(path, overrides=["eval.n_trials=2"], arms=["real"], log=lambda *_: None, progress=False)
     assert doc2["arms"][0]["panels"]["id"]["n_trials"] == 2 and weights.stat().st_mtime_ns == mtime
+    # Panels scored in parallel processes (eval.workers) give the trials this process gives.
+    from comsim.policy.experiment import eval_key
+    par_cfg = load_experiment(path, ["eval.seed=11", "eval.workers=2"])
+    run_experiment(par_cfg, arms=["real"], log=lambda *_: None, progress=False)
+    par = json.loads((Path(by["real"]["dir"]) / f"eval-ood-{eval_key(par_cfg, 'ood')}.json").read_text())
+    here = evaluate(load_policy(Path(by["real"]["dir"]) / "policy"), "push", 1, panel="ood", seed=11, max_seconds=0.2,
+                    progress=False)
+    assert [{**t, "video": None} for t in par["trials"]] == [{**t, "video": None} for t in here["trials"]]
+    assert weights.stat().st_mtime_ns == mtime
     # The demo's call: its own output folder and dataset paths (here the same ones: nothing to redo).
     doc3 = run_experiment(path, tmp_path / "exp", datasets={"real": data["real"]}, arms=["real"], log=lambda *_: None,
                           progress=False)

@@ -222,10 +222,13 @@ class EvalConfig:
         default_factory=lambda: {"id": PanelConfig("id"), "ood": PanelConfig("ood")})
     max_seconds: float | None = None  # episode timeout; None: the task's max_seconds
     num_inference_steps: int | None = None  # DDIM steps; None: the policy's
-    videos: int = 0  # save the first N trials of each panel as mp4
+    videos: int = 0  # save the first N trials of each panel as mp4 (the first success and failure are always saved)
+    workers: int = 1  # processes scoring panels at once (one panel per process); results do not depend on it
 
     def __post_init__(self):
         if self.n_trials < 1:
             raise ConfigError(f"eval.n_trials: expected >= 1, got {self.n_trials}")
         if not self.panels:
             raise ConfigError("eval.panels: at least one panel is needed")
+        if self.workers < 1:
+            raise ConfigError(f"eval.workers: expected >= 1, got {self.workers}")

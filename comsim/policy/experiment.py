@@ -230,9 +230,8 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
 
 def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True) -> dict:
     from comsim.policy.data import MixtureDataset
-    from comsim.policy.policies import load_policy
-    from comsim.policy.rollout import evaluate, trial_seeds
-    from comsim.policy.training import train_policy, write_json
+    from comsim.policy.rollout import trial_seeds
+    from comsim.policy.training import train_policy
 
     run = arm_run(cfg, arm)
     out = Path(run.output_dir)
@@ -243,22 +242,20 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
         log(f"experiment: training arm {arm.name!r} ({len(data)} frames, synthetic fraction "
             f"{data.synthetic_fraction:.3f}) -> {out}")
     train_log = train_policy(run, data=data, progress=progress)
-    policy = None
-    panels = {}
-    for pname, panel in cfg.eval.panels.items():
-        path = out / f"eval-{pname}-{eval_key(cfg, pname)}.json"
-        if path.is_file():
-            panels[pname] = json.loads(path.read_text())
-            continue
-        if policy is None:
-            policy = load_policy(out / "policy")
+    paths = {p: out / f"eval-{p}-{eval_key(cfg, p)}.json" for p in cfg.eval.panels}
+    todo = [p for p, path in paths.items() if not path.is_file()]
+    for pname in todo:
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
-        res = evaluate(policy, cfg.task, cfg.eval.n_trials, panel=panel, cell=cfg.cell, seed=cfg.eval.seed,
-                       max_seconds=cfg.eval.max_seconds, num_inference_steps=cfg.eval.num_inference_steps,
-                       video_dir=out / "videos", videos=cfg.eval.videos, progress=progress)
-        res["panel"] = pname
-        write_json(res, path)
-        panels[pname] = res
+    jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1) for p in todo]
+    if cfg.eval.workers > 1 and len(todo) > 1:  # one process per panel: a panel's trials do not depend on the process
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(min(cfg.eval.workers, len(todo)), mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(_score_panel, jobs))
+    else:
+        for job in jobs:
+            _score_panel(job)
+    panels = {p: json.loads(path.read_text()) for p, path in paths.items()}
     mix = train_log["mixture"]
     return {"name": arm.name, "status": "done", "label": arm.label or _label(mix["parts"]), "dir": str(out),
             "synthetic_fraction": mix["synthetic_fraction"], "synthetic_fraction_requested": arm.synthetic_fraction,
@@ -267,6 +264,23 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
                                                     "final_loss", "num_parameters")},
             "panels": {p: {k: r[k] for k in ("success_rate", "ci95", "successes", "n_trials", "wall_s")}
                        for p, r in panels.items()}}
+
+
+def _score_panel(job: tuple) -> None:
+    """Score the arm in ``out`` on one panel and write its results file (also run in a worker process)."""
+    from comsim.policy.policies import load_policy
+    from comsim.policy.rollout import evaluate
+    from comsim.policy.training import write_json
+    cfg, out, pname, path, progress = job
+    if cfg.train.num_threads:
+        import torch
+        torch.set_num_threads(cfg.train.num_threads)
+    e = cfg.eval
+    res = evaluate(load_policy(Path(out) / "policy"), cfg.task, e.n_trials, panel=e.panels[pname], cell=cfg.cell,
+                   seed=e.seed, max_seconds=e.max_seconds, num_inference_steps=e.num_inference_steps,
+                   video_dir=Path(out) / "videos", videos=e.videos, progress=progress)
+    res["panel"] = pname
+    write_json(res, Path(path))
 
 
 def _check_disjoint(train_seeds: set[int], eval_seeds: list[int], arm: str) -> None:
