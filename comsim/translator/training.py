@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode
+from comsim.io.video import write_video
 from comsim.metrics.frame import psnr as frame_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
@@ -207,22 +208,6 @@ class StepBatchSampler:
 
 
 # -- media ----------------------------------------------------------------------------------
-def write_mp4(path: Path, frames: np.ndarray, fps: float = 10.0) -> None:
-    """uint8 (T, H, W, 3) -> H.264 mp4 with PyAV (sizes rounded up to even)."""
-    import av
-
-    T, H, W, _ = frames.shape
-    frames = np.pad(frames, ((0, 0), (0, H % 2), (0, W % 2), (0, 0)), mode="edge")
-    with av.open(str(path), "w") as box:
-        stream = box.add_stream("libx264", rate=int(round(fps)))
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(f), format="rgb24")):
-                box.mux(packet)
-        for packet in stream.encode():
-            box.mux(packet)
-
-
 def save_validation(out_dir: Path, step: int, sims, gens, reals, fps: float, upscale: int = 4) -> None:
     """PNG strip (rows sim / generated / real per clip, frames left to right) and an mp4 of the same."""
     from PIL import Image
@@ -236,7 +221,7 @@ def save_validation(out_dir: Path, step: int, sims, gens, reals, fps: float, ups
         out_dir / f"step-{step:06d}.png")
     video = np.concatenate([np.concatenate([s, g, r], axis=2) for s, g, r in zip(sims, gens, reals)], axis=1)
     video = video.repeat(upscale, axis=1).repeat(upscale, axis=2)
-    write_mp4(out_dir / f"step-{step:06d}.mp4", video, fps)
+    write_video(out_dir / f"step-{step:06d}.mp4", video, fps)
 
 
 # -- building blocks --------------------------------------------------------------------------
