@@ -6,9 +6,12 @@ So the question "is the cube there?" has an answer without a real video:
 
 - **objects**: each object label is located in the generated frame by a colour model
   P(object | colour) (``comsim.metrics.action.RobotColourModel``, fit object-vs-rest on REAL
-  frames with their twin labels, never on generated ones). The located object is the
-  connected component of ``P > 0.5`` with the most probability mass; its centroid is compared
-  with the centroid of the twin's mask of that object. Per frame: the error in px, and
+  frames with their twin labels, never on generated ones), with equal priors (the search window
+  is small, so the object's global rarity is not its prior there). The search is local: in a window of
+  +-6 px (at 128 px; ``search_radius``) around the twin's centroid of the object, the connected
+  component of ``P > 0.5`` with the most probability mass is the located object, and its centroid
+  is compared with the twin's. An object drawn farther away than the window, or not drawn, is a
+  miss. Per frame: the error in px, and
   whether it is within ``within_px`` (2 px). Frames where the twin shows fewer than
   ``min_visible_px`` pixels of the object (occluded by the arm, out of view) are not scored;
   a frame where nothing is located counts as a miss (error inf).
@@ -30,6 +33,7 @@ from comsim.metrics.action import ROBOT_LABEL, RobotColourModel, mask_iou
 
 WITHIN_PX = 2.0
 MIN_VISIBLE_PX = 4
+SEARCH_RADIUS_FRACTION = 6 / 128
 
 
 def labels_from_palette(seg_frames: np.ndarray) -> np.ndarray:
@@ -68,11 +72,31 @@ class FidelityModel:
     def object_labels(self) -> list[int]:
         return sorted(k for k in self.models if k != ROBOT_LABEL)
 
-    def locate(self, frames: np.ndarray, label: int) -> np.ndarray:
-        """(T, 2) centroid (x, y) in px of the located object, NaN where nothing is located."""
-        prob = self.models[label].probability(frames)
+    def equal_prior_probability(self, frames: np.ndarray, label: int) -> np.ndarray:
+        """P(label | colour) with the label as likely as the rest a priori: a 5-px cube is a tiny fraction
+        of all pixels, but not of the small window searched around where it should be."""
+        m = self.models[label]
+        r, b = (h.sum() for h in m._smoothed())
+        prior = r / (r + b)
+        p = np.clip(m.probability(frames), 1e-9, 1 - 1e-9)
+        ratio = p / (1 - p) * (1 - prior) / prior  # the colour's likelihood ratio, label vs rest
+        return ratio / (1 + ratio)
+
+    def locate(self, frames: np.ndarray, label: int, near: np.ndarray | None = None,
+               radius: int | None = None) -> np.ndarray:
+        """(T, 2) centroid (x, y) in px of the located object, NaN where nothing is located.
+
+        ``near`` (T, 2): search only the window of +-``radius`` px around it (where the twin put the
+        object), so that other things of the object's colour elsewhere in the frame do not count."""
+        prob = self.equal_prior_probability(frames, label)
         out = np.full((len(frames), 2), np.nan)
+        H, W = prob.shape[1:]
         for t, p in enumerate(prob):
+            y0, x0 = 0, 0
+            if near is not None:
+                cx, cy = int(round(near[t][0])), int(round(near[t][1]))
+                y0, x0 = max(0, cy - radius), max(0, cx - radius)
+                p = p[y0:cy + radius + 1, x0:cx + radius + 1]
             comp, n = ndimage.label(p > 0.5)
             if n == 0:
                 continue
@@ -80,8 +104,13 @@ class FidelityModel:
             sel = comp == (1 + int(np.argmax(mass)))
             ys, xs = np.nonzero(sel)
             w = p[sel]
-            out[t] = (float((xs * w).sum() / w.sum()), float((ys * w).sum() / w.sum()))
+            out[t] = (x0 + float((xs * w).sum() / w.sum()), y0 + float((ys * w).sum() / w.sum()))
         return out
+
+
+def search_radius(width: int) -> int:
+    """The local search window's half size: 6 px at 128 px (a cube is ~5 px there), at least 3 px."""
+    return max(3, int(round(SEARCH_RADIUS_FRACTION * width)))
 
 
 def object_fidelity(frames: np.ndarray, labels: np.ndarray, model: FidelityModel, within_px: float = WITHIN_PX,
@@ -100,8 +129,8 @@ def object_fidelity(frames: np.ndarray, labels: np.ndarray, model: FidelityModel
         visible = twin_mask.reshape(len(labels), -1).sum(1) >= min_visible_px
         if not visible.any():
             continue
-        found = model.locate(frames[visible], lab)
         twin_xy = np.array([ndimage.center_of_mass(m)[::-1] for m in twin_mask[visible]])  # (x, y) per frame
+        found = model.locate(frames[visible], lab, near=twin_xy, radius=search_radius(frames.shape[2]))
         err = np.linalg.norm(found - twin_xy, axis=1)
         err = np.where(np.isnan(err), np.inf, err)
         objects[int(lab)] = {"frames": int(len(err)), "within": float((err <= within_px).mean()),
@@ -178,9 +207,10 @@ def evaluate_object_fidelity(pred, model: FidelityModel, camera: str = "front", 
     out = pool(results)
     out.update(camera=camera, within_px=WITHIN_PX, resolution=list(frames.shape[1:3]) if results else None,
                how="objects: centroid of the largest-mass component of P(object | colour) > 0.5 vs the centroid of "
-                   "the twin's mask (frames with >= %d visible px), error in px, within = error <= %g px; robot: "
+                   "the twin's mask, searched within +-%d px of it (frames with >= %d visible px), error in px, within = error <= %g px; robot: "
                    "IoU of P(robot | colour) > 0.5 with the twin's robot mask; colour models fit on real frames "
-                   "with twin labels (%d frames)" % (MIN_VISIBLE_PX, WITHIN_PX, model.fit_frames))
+                   "with twin labels (%d frames)" % (search_radius(frames.shape[2]) if results else 0, MIN_VISIBLE_PX, WITHIN_PX,
+                                                   model.fit_frames))
     return out
 
 
