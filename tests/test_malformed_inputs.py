@@ -718,6 +718,10 @@ def test_writer_refuses_escaping_names_and_symlinked_folders(tmp_path):
     with pytest.raises(DatasetError, match="inside"):
         w.close()
     assert not any(outside.rglob("*"))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / ".staging").symlink_to(outside)
+    with pytest.raises(DatasetError, match="inside"):
+        DatasetWriter(tmp_path / "d", 10, resume=True)
     with pytest.raises(DatasetError, match="finite"):
         ep = sim_episode(1)
         ep.state[2, 3] = np.nan

@@ -225,6 +225,7 @@ class DatasetWriter:
             raise DatasetError(f"{self.root}: folder is not empty (a dataset or a partial one is there); "
                                "pass resume=True to continue it, or choose an empty folder")
         self.root.mkdir(parents=True, exist_ok=True)
+        contained(self.root, STAGING, self.root, "staging folder")  # a symlinked .staging would write elsewhere
 
     # -- what is on disk
     def _staged(self) -> dict[int, Path]:

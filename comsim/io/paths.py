@@ -68,7 +68,7 @@ def claim_output(out: str | Path, manifest: str, header: dict | None, keys: tupl
     Allowed: ``out`` does not exist or is empty (a fresh run), or ``out/manifest`` is a
     manifest of ``command`` whose ``keys`` equal ``header``'s (the same run, resumed). The
     caller writes the manifest (with ``"command"``) before any other file. A different run
-    there raises ``error("OUT: <made> with {...}, now asked for {...}; ...")``. ``header=None``
+    there raises ``error("OUT/MANIFEST: <made> with {...}, now asked for {...}; ...")``. ``header=None``
     checks only that the folder is new, empty or this command's (a cheap early check).
     """
     out = check_output_path(out, field)
@@ -91,7 +91,7 @@ def claim_output(out: str | Path, manifest: str, header: dict | None, keys: tupl
         return True
     diff = [k for k in keys if old.get(k) != header[k]]
     if diff:
-        raise error(f"{out}: {made} with {({k: old.get(k) for k in diff})}, now asked for "
+        raise error(f"{path}: {made} with {({k: old.get(k) for k in diff})}, now asked for "
                     f"{({k: header[k] for k in diff})}; resume with the same arguments or use a new folder")
     return True
 
