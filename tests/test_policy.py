@@ -340,6 +340,22 @@ def test_rollout_in_the_lab_runs_n_trials(data, tmp_path):
     assert [{**t, "video": None} for t in again["trials"]] == [{**t, "video": None} for t in res["trials"][:2]]
 
 
+def test_rollout_trial_log_resumes_and_extends_a_panel(tmp_path):
+    """Each finished trial is appended to the log at once; a rerun (after a kill, or with more
+    trials) takes the logged trials as they are and runs only the missing ones."""
+    policy = make_policy(policy_config(KP), stats=UNIT_STATS)
+    log = tmp_path / "trials.jsonl"
+    first = evaluate(policy, "push", n_trials=2, max_seconds=0.2, progress=False, seed=5, trial_log=log)
+    lines = log.read_text().splitlines()
+    assert [json.loads(x) for x in lines] == first["trials"]
+    marked = json.loads(lines[1]) | {"steps": 999}  # a logged trial is reused, not re-run
+    log.write_text(lines[0] + "\n" + json.dumps(marked) + "\n" + '{"trial": 2, "se')  # + a line cut by a kill
+    more = evaluate(policy, "push", n_trials=3, max_seconds=0.2, progress=False, seed=5, trial_log=log)
+    assert more["trials"][:2] == [first["trials"][0], marked]
+    fresh = evaluate(policy, "push", n_trials=3, max_seconds=0.2, progress=False, seed=5)
+    assert more["trials"][2] == fresh["trials"][2] and json.loads(log.read_text().splitlines()[-1]) == fresh["trials"][2]
+
+
 # ---------------------------------------------------------------- keypoint policy (the CPU policy)
 
 KP = {"type": "keypoint", "image_size": [32, 32], "channels": [8, 16], "strides": [2, 1], "num_keypoints": 4,

@@ -180,6 +180,14 @@ def eval_key(cfg: ExperimentConfig, panel: str) -> str:
                       "seed": e.seed, "max_seconds": e.max_seconds, "steps": e.num_inference_steps})[:8]
 
 
+def trials_key(cfg: ExperimentConfig, panel: str) -> str:
+    """Key of a panel's trial log: the eval key without the number of trials (trial i is the same
+    trial in a panel of 20 and in one of 50, so a longer panel reuses the shorter one's trials)."""
+    e = cfg.eval
+    return hash_dict({"task": cfg.task, "cell": cfg.cell, "panel": to_dict(e.panels[panel]), "seed": e.seed,
+                      "max_seconds": e.max_seconds, "steps": e.num_inference_steps})[:8]
+
+
 def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[str, str | None]:
     """Make the named datasets exist (building what their spec says); returns name -> None
     (ready) or why it is missing."""
@@ -246,7 +254,8 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
     todo = [p for p, path in paths.items() if not path.is_file()]
     for pname in todo:
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
-    jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1) for p in todo]
+    jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1,
+             str(out / f"trials-{p}-{trials_key(cfg, p)}.jsonl")) for p in todo]
     if cfg.eval.workers > 1 and len(todo) > 1:  # one process per panel: a panel's trials do not depend on the process
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -271,14 +280,14 @@ def _score_panel(job: tuple) -> None:
     from comsim.policy.policies import load_policy
     from comsim.policy.rollout import evaluate
     from comsim.policy.training import write_json
-    cfg, out, pname, path, progress = job
+    cfg, out, pname, path, progress, trial_log = job
     if cfg.train.num_threads:
         import torch
         torch.set_num_threads(cfg.train.num_threads)
     e = cfg.eval
     res = evaluate(load_policy(Path(out) / "policy"), cfg.task, e.n_trials, panel=e.panels[pname], cell=cfg.cell,
                    seed=e.seed, max_seconds=e.max_seconds, num_inference_steps=e.num_inference_steps,
-                   video_dir=Path(out) / "videos", videos=e.videos, progress=progress)
+                   video_dir=Path(out) / "videos", videos=e.videos, progress=progress, trial_log=trial_log)
     res["panel"] = pname
     write_json(res, Path(path))
 

@@ -24,7 +24,9 @@ failed trial of the panel are always saved, besides the first ``videos`` trials.
 from __future__ import annotations
 
 import copy
+import json
 import math
+import os
 import time
 from pathlib import Path
 
@@ -92,8 +94,14 @@ def panel_cell(cell: LabCell, task: str, layout: dict[str, Region]) -> LabCell:
 def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | None = None,
              panel: str | PanelConfig = "id", cell: LabCell | str | Path | None = None, seed: int = 100_000,
              max_seconds: float | None = None, num_inference_steps: int | None = None,
-             video_dir: str | Path | None = None, videos: int = 0, progress: bool = True) -> dict:
-    """Run ``n_trials`` closed-loop trials of ``policy`` in the lab; returns the panel's results."""
+             video_dir: str | Path | None = None, videos: int = 0, progress: bool = True,
+             trial_log: str | Path | None = None) -> dict:
+    """Run ``n_trials`` closed-loop trials of ``policy`` in the lab; returns the panel's results.
+
+    ``trial_log``: a JSON-lines file that gets each finished trial at once; trials already in
+    it (same index and seed) are not run again, so a killed evaluation resumes where it
+    stopped and its partial results can be read meanwhile. A trial depends only on the
+    policy, the panel and its seed: keep one log per policy and panel."""
     panel_cfg = panel if isinstance(panel, PanelConfig) else PanelConfig(kind=panel)
     name = panel if isinstance(panel, str) else panel_cfg.kind
     base = cell if isinstance(cell, LabCell) else load_lab_cell(cell)
@@ -105,6 +113,7 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
     target = [float(v) for v in base.tasks.push.target] if task == "push" else None
     policy.eval()
     saved = {True: False, False: False}  # a video of a success / of a failure is written
+    logged = _read_trial_log(trial_log)
     trials, t0 = [], time.time()
     bar = None
     if progress:
@@ -117,6 +126,13 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
         with LabEnv(panel_cell(base, task, layout), task) as env:
             limit = env.max_frames if max_seconds is None else min(env.max_frames, math.ceil(max_seconds * env.fps))
             for i in mine:
+                if (i, int(seeds[i])) in logged:
+                    trial = logged[(i, int(seeds[i]))]
+                    saved[trial["success"]] |= trial["video"] is not None
+                    trials.append(trial)
+                    if bar is not None:
+                        bar.update(1)
+                    continue
                 trial, frames = _trial(policy, env, seeds[i], i, b, limit, num_inference_steps, obj, target,
                                        keep_frames=video_dir is not None)
                 trial["video"] = None
@@ -128,6 +144,11 @@ def evaluate(policy, task: str = "push", n_trials: int = 10, seeds: list[int] | 
                     trial["video"] = path.relative_to(Path(video_dir).parent).as_posix()
                     saved[trial["success"]] = True
                 trials.append(trial)
+                if trial_log is not None:
+                    with open(trial_log, "a") as f:  # one line per trial: a kill loses at most the running one
+                        f.write(json.dumps(trial) + "\n")
+                        f.flush()
+                        os.fsync(f.fileno())
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(success=sum(t["success"] for t in trials))
@@ -164,6 +185,22 @@ def _trial(policy, env: LabEnv, seed: int, index: int, box: int, limit: int, ste
              "start_xy": start[obj], "final_xy": final[obj], "target_xy": target, "final_distance": dist,
              "objects_start_xy": start, "objects_final_xy": final},
             np.stack(frames) if frames is not None else None)
+
+
+def _read_trial_log(path: str | Path | None) -> dict[tuple[int, int], dict]:
+    if path is None or not Path(path).is_file():
+        return {}
+    done, text = {}, Path(path).read_text()
+    if text and not text.endswith("\n"):  # a line cut by a kill: the next trial starts on a line of its own
+        with open(path, "a") as f:
+            f.write("\n")
+    for line in text.splitlines():
+        try:
+            t = json.loads(line)
+        except json.JSONDecodeError:  # the last line, cut by a kill
+            continue
+        done[(int(t["trial"]), int(t["seed"]))] = t
+    return done
 
 
 def _object_xy(env: LabEnv) -> dict[str, list[float]]:
