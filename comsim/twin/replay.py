@@ -264,7 +264,7 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     al_path = out / ALIGNMENT_FILE
     # Only a new or empty folder, or this replay's own (alignment.json of the same data and twin).
     claim_output(out, ALIGNMENT_FILE, {"input_spec_hash": spec_hash(spec), "real": str(real)},
-                 ("input_spec_hash", "real"), "comsim twin replay", made="was made for")
+                 ("input_spec_hash", "real"), "comsim twin replay")
     if al_path.is_file():  # resume: the alignment is part of what was already written
         al = json.loads(al_path.read_text())
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
