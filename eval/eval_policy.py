@@ -48,10 +48,10 @@ def _main(argv=None):
         run_experiment(cfg, arms=args.arms.split(",") if args.arms else None)
         print((Path(cfg.output_dir) / "results.md").read_text())
         return
-    from comsim.policy.model import DiffusionPolicy
+    from comsim.policy.policies import load_policy
     from comsim.policy.rollout import evaluate
     from comsim.policy.training import write_json
-    policy = DiffusionPolicy.from_pretrained(args.policy)
+    policy = load_policy(args.policy)  # the policy class its config.json names (diffusion, keypoint)
     out = Path(args.out) if args.out else None
     res = evaluate(policy, args.task, args.trials, panel=args.panel, cell=args.cell, seed=args.seed,
                    max_seconds=args.max_seconds, video_dir=out.parent / "videos" if out else None, videos=args.videos)
