@@ -196,6 +196,9 @@ def _run_dir(root: Path) -> Path:
                       "unavailable": {"fvd": "no I3D weights given"}}
                for name, psnr, ssim, fid in (("pseudo_real_vs_real", 24.5, 0.81, 61.0),
                                              ("raw_sim_vs_real", 14.2, 0.42, 190.5))}
+    metrics["object_fidelity"] = {"factory_pseudo_real_ood": {"episodes": 6, "object_frames": 1386,
+                                                              "object_within": 0.543, "robot_iou": 0.71,
+                                                              "object_error_px_median_of_episodes": 1.88}}
     _write_json(run / "metrics.json", metrics)
     _policy(run)
     _write_json(run / "stages.json", {"timings": {"convert": 44.7, "twin calibrate + replay": 125.0},
@@ -224,6 +227,7 @@ def test_report_page_from_a_run_dir(report):
     for s in srcs + imgs:  # everything lies in the report's media folder, linked relatively
         assert s.startswith("report_media/") and (report.parent / s).is_file(), s
     assert "not available" in page  # the factory episode has no real counterpart
+    assert "<td>factory_pseudo_real_ood</td>" in page and "<td>54%</td>" in page  # object fidelity table
     for text in ("Failed or skipped stages", "IK failed", "pseudo_real_vs_real", "24.5", "n/a: no I3D",
                  "30% [11, 60] (3/10)", "40% [17, 69] (4/10)", "does not hold", "<svg"):
         assert text in page, text

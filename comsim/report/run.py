@@ -228,7 +228,7 @@ def _metrics(rep: Report, run: Path) -> None:
     reports = {"pred vs ref": doc} if "metrics" in doc and "pred" in doc else doc
     rows, values = [], {}
     for name, r in reports.items():
-        if not isinstance(r, dict):
+        if not isinstance(r, dict) or name == "object_fidelity":
             continue
         m = r.get("metrics", r)
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -243,6 +243,26 @@ def _metrics(rep: Report, run: Path) -> None:
               for k, v in values.items() if any(math.isfinite(x) for x in v.values())]
     if charts:
         rep.raw("<div class='row'>" + "".join(charts) + "</div>")
+    _object_fidelity(rep, doc.get("object_fidelity"))
+
+
+def _object_fidelity(rep: Report, doc) -> None:
+    """comsim.metrics.fidelity per dataset: where the objects and the robot are drawn against the twin."""
+    if not isinstance(doc, dict) or not doc:
+        rep.absent("object fidelity not computed: metrics.json has no object_fidelity (comsim.metrics.fidelity)")
+        return
+    rows = []
+    for name, r in doc.items():
+        if not isinstance(r, dict):
+            continue
+        within = r.get("object_within")
+        rows.append({"frames scored": name, "episodes": r.get("episodes", "-"),
+                     "object frames": r.get("object_frames", "-"),
+                     "objects within 2 px": f"{100 * within:.0f}%" if isinstance(within, (int, float)) else "-",
+                     "median error (px)": r.get("object_error_px_median_of_episodes", "-"),
+                     "robot IoU": r.get("robot_iou", "-")})
+    rep.table(rows, caption="object fidelity: each object located by colour near where the twin put it, and the "
+                            "robot's IoU with the twin's mask; the real lab frames are the estimator's ceiling")
 
 
 # -- convert ------------------------------------------------------------------------------------
