@@ -43,6 +43,7 @@ from comsim.io.files import write_json
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
 
 HEADER_FILE = "conversion.json"
+REPORT_FILE = "conversion_report.json"  # the closing run's timing: frames, seconds, frames/s
 RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "seed")
 
 _WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
@@ -268,9 +269,12 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         missing = sorted(set(range(len(ds))) - writer.finished_episodes)
         if missing:  # other shards still running: the last call without shard arguments closes
             return _report(output, header, len(todo), frames, elapsed, closed=False, waiting_for=len(missing))
+    report = _report(output, header, len(todo), frames, elapsed, closed=is_main)
     if is_main:
         writer.close()
-    return _report(output, header, len(todo), frames, elapsed, closed=is_main)
+        if frames:  # a resumed run that had nothing left to convert keeps the timing of the one that did
+            write_json(report, output / REPORT_FILE)
+    return report
 
 
 def _run(todo, model, input, output, fps, seed, guidance, t_hash, device, threads, workers, progress) -> int:

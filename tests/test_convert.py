@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from comsim.config import from_dict
-from comsim.convert import HEADER_FILE, ConversionError, convert_dataset, episode_seed, translator_hash
+from comsim.convert import HEADER_FILE, REPORT_FILE, ConversionError, convert_dataset, episode_seed, translator_hash
 from comsim.factory.generate import generate_dataset
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import read_video
@@ -88,11 +88,15 @@ def reference(tmp_path_factory, sim_dataset, micro):
     out = tmp_path_factory.mktemp("ref") / "pseudo"
     report = convert_dataset(micro, sim_dataset, out, progress=False, **ARGS)
     assert report["converted_now"] == N_EPISODES and report["closed"]
+    timing = json.loads((out / REPORT_FILE).read_text())
+    assert timing["frames_now"] > 0 and timing["frames_per_second"] > 0
     return out
 
 
 def _files(root: Path) -> list[Path]:
-    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file() and p.name != "conversion.json")
+    # the header names its inputs' paths and the report holds wall-clock timing: the data must match without them
+    return sorted(p.relative_to(root) for p in root.rglob("*")
+                  if p.is_file() and p.name not in (HEADER_FILE, REPORT_FILE))
 
 
 def assert_same_dataset(a: Path, b: Path):

@@ -470,3 +470,15 @@ def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
     pipe = TranslatorPipeline.from_pretrained(final)
     assert pipe.resolution == (256, 256) and pipe.transformer.config.dim == 512
     assert sum(p.numel() for p in pipe.transformer.parameters()) > 30e6
+
+
+def test_save_pretrained_replaces_only_its_own_folders(trained, tmp_path):
+    pipe = TranslatorPipeline.from_pretrained(trained)
+    pipe.save_pretrained(tmp_path / "a")
+    pipe.save_pretrained(tmp_path / "a")  # its own folder: replaced
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep")
+    with pytest.raises(TranslatorMismatchError, match="not a translator pipeline folder"):
+        pipe.save_pretrained(user)
+    assert (user / "notes.txt").read_text() == "keep"

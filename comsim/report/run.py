@@ -26,7 +26,7 @@ import math
 import time
 from pathlib import Path
 
-from comsim.convert import HEADER_FILE
+from comsim.convert import HEADER_FILE, REPORT_FILE
 from comsim.report.html import Report, fmt_seconds, read_json
 from comsim.report.plots import bar_chart_svg
 from comsim.report.policy import policy_section
@@ -280,8 +280,9 @@ def _convert(rep: Report, run: Path, timings: dict) -> None:
     frames = ds.num_frames if ds is not None else None
     row = {"episodes": len(ds) if ds is not None else f"not closed ({header.get('input_episodes', '?')} asked)",
            "frames": frames if frames is not None else "-"}
-    fps, note = header.get("frames_per_second"), ""
-    seconds = header.get("elapsed_s")
+    timing = read_json(out / REPORT_FILE) or {}
+    fps, note = timing.get("frames_per_second"), ""
+    seconds = timing.get("elapsed_s")
     if fps is None and frames and isinstance(timings.get("convert"), (int, float)) and timings["convert"] > 0:
         seconds = timings["convert"]
         fps = frames / seconds

@@ -87,6 +87,12 @@ class TranslatorPipeline:
     def save_pretrained(self, directory: str | Path) -> Path:
         """Write the folder atomically (to ``<dir>.tmp``, then rename)."""
         directory = Path(directory)
+        for d in (directory, directory.with_name(directory.name + ".tmp")):
+            # replace only a pipeline folder written here before (or its temporary), never a user's folder
+            if d.exists() and not (d.is_dir() and ((d / "translator.json").is_file() or not any(d.iterdir())
+                                                   or d.name.endswith(".tmp") and (d / "transformer").is_dir())):
+                raise TranslatorMismatchError(f"{d}: exists and is not a translator pipeline folder; "
+                                              "save_pretrained replaces only its own folders (choose another path)")
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
