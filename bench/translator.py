@@ -91,6 +91,21 @@ def lab_pairs(pairs_dir: Path, args) -> list[str]:
     return json.loads(manifest.read_text())["paired"]
 
 
+def labelled_training_episodes(cfg, n: int):
+    """(camera, resolution, seg key, datasets, up to n training episodes spread evenly) of paired data with the
+    twin's labels, or None without them. Estimators are fit on these: never held-out or generated frames."""
+    from comsim.io.lerobot import LeRobotDataset
+    from comsim.translator.data import split_episodes
+
+    cam, res = cfg.data.camera, tuple(cfg.data.resolution)
+    seg_key = f"{cam}_sim_seg"
+    sources = [LeRobotDataset(p) for p in cfg.data.paths]
+    if seg_key not in sources[0].camera_keys:
+        return None
+    train_eps, _ = split_episodes([len(s) for s in sources], cfg.data.val_episodes)
+    return cam, res, seg_key, sources, train_eps[::max(1, len(train_eps) // n)][:n]
+
+
 def robot_masks(seg: np.ndarray, size) -> np.ndarray:
     """Twin palette labels (T, H, W, 3) -> bool robot masks (T, *size): robot covers >= half a pixel."""
     from comsim.translator.data import resize_video as rv
@@ -102,20 +117,13 @@ def robot_masks(seg: np.ndarray, size) -> np.ndarray:
 
 def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int = 8) -> dict:
     """Action-only samples with ANOTHER held-out episode's actions vs the twin's robot masks of it."""
-    from comsim.io.lerobot import LeRobotDataset
     from comsim.metrics.action import RobotColourModel, mask_iou
-    from comsim.translator.data import split_episodes
 
-    cam, res = cfg.data.camera, tuple(cfg.data.resolution)
-    seg_key = f"{cam}_sim_seg"
-    sources = [LeRobotDataset(p) for p in cfg.data.paths]
-    if seg_key not in sources[0].camera_keys:
+    labelled = labelled_training_episodes(cfg, fit_episodes)
+    if labelled is None:
         return None
-    # the estimator: fit on training episodes (never the held-out ones, never generated frames)
-    train_eps, _ = split_episodes([len(s) for s in sources], cfg.data.val_episodes)
+    cam, res, seg_key, sources, fit = labelled
     model = RobotColourModel()
-    step = max(1, len(train_eps) // fit_episodes)
-    fit = train_eps[::step][:fit_episodes]
     ref_ious = []
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
@@ -210,18 +218,14 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
 def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict | None:
     """Object fidelity (comsim.metrics.fidelity) of the generated held-out episodes against the twin's labels,
     and of their REAL frames (the estimator's ceiling); colour models fit on training episodes' real frames."""
-    from comsim.io.lerobot import LeRobotDataset
     from comsim.metrics.fidelity import FidelityModel, labels_from_palette, object_fidelity, pool
-    from comsim.translator.data import split_episodes
 
-    cam, res = cfg.data.camera, tuple(cfg.data.resolution)
-    seg_key = f"{cam}_sim_seg"
-    sources = [LeRobotDataset(p) for p in cfg.data.paths]
-    if seg_key not in sources[0].camera_keys:
+    labelled = labelled_training_episodes(cfg, fit_episodes)
+    if labelled is None:
         return None
-    train_eps, _ = split_episodes([len(s) for s in sources], cfg.data.val_episodes)
+    cam, res, seg_key, sources, fit = labelled
     model = FidelityModel()
-    for s, e in train_eps[::max(1, len(train_eps) // fit_episodes)][:fit_episodes]:
+    for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
         model.update(resize_video(ep.frames[cam], res), labels_from_palette(resize_video(ep.frames[seg_key], res)))
     labels = []

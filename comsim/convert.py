@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 from comsim.episode import Episode, Provenance
 from comsim.errors import ComSimError
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
-from comsim.io.files import write_json
+from comsim.io.files import read_json_object, write_json
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
 
 HEADER_FILE = "conversion.json"
@@ -76,12 +76,7 @@ def translator_meta(model_dir: Path) -> dict:
     meta_path = Path(model_dir) / "translator.json"
     if not meta_path.is_file():
         raise ConversionError(f"{model_dir}: not a translator pipeline folder (no translator.json)")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConversionError(f"{meta_path}: not valid JSON ({e})") from None
-    if not isinstance(meta, dict):
-        raise ConversionError(f"{meta_path}: expected a JSON object, got {type(meta).__name__}")
+    meta = read_json_object(meta_path, ConversionError)
 
     def need(key, ok, expected):
         if key not in meta or not ok(meta[key]):

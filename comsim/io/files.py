@@ -34,6 +34,19 @@ def atomic_output(path: str | Path):
             tmp.unlink()
 
 
+def read_json_object(path: str | Path, error: type[Exception], expected: str = "a JSON object") -> dict:
+    """A JSON file that must hold an object; a file that does not parse or holds something else raises
+    ``error`` naming the file (callers check that it exists, each with its own advice)."""
+    path = Path(path)
+    try:
+        d = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise error(f"{path}: expected {expected}, got {type(d).__name__}")
+    return d
+
+
 def write_json(obj, path: str | Path, indent: int = 2) -> Path:
     """``obj`` as JSON at ``path``, atomically; numpy arrays/scalars and paths are converted."""
     path = Path(path)

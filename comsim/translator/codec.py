@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from comsim.errors import ComSimError
+from comsim.io.files import read_json_object
 from comsim.io.paths import is_inside
 
 VIDEO_VAE_CLASSES = ("AutoencoderKLWan", "AutoencoderKLCogVideoX", "AutoencoderKLLTXVideo", "AutoencoderKLCosmos",
@@ -196,12 +197,7 @@ def load_codec(directory: str | Path, allow_download: bool | None = None):
     path = directory / "codec.json"
     if not path.is_file():
         raise CodecError(f"{path}: file not found (a translator folder has one; see save_pretrained)")
-    try:
-        cfg = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CodecError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise CodecError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    cfg = read_json_object(path, CodecError)
     if allow_download is None:
         allow_download = os.environ.get("COMSIM_ALLOW_DOWNLOAD", "") == "1"
     pretrained = cfg.get("pretrained")

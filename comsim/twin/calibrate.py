@@ -34,6 +34,7 @@ import cv2
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
+from comsim.io.files import read_json_object
 from comsim.io.paths import check_output_path
 from comsim.sim.camera import as_K, as_rigid, look_at
 from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
@@ -319,12 +320,7 @@ def load_calibration(path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CalibrationDataError(f"{path}: file not found")
-    try:
-        d = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CalibrationDataError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise CalibrationDataError(f"{path}: expected a JSON object with T_cam_from_base and K")
+    d = read_json_object(path, CalibrationDataError, "a JSON object with T_cam_from_base and K")
     for key in ("T_cam_from_base", "K"):
         if key not in d:
             raise CalibrationDataError(f"{path}: missing field {key!r}")
