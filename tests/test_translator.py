@@ -423,9 +423,8 @@ def test_window_overlap_is_pinned_to_the_previous_result(trained):
     act = torch.from_numpy(pipe.normalizer.normalize(ep.action[None]))
     noise = torch.randn(1, 3, 4, 16, 16, generator=torch.Generator().manual_seed(0))
     known = video_to_tensor(ep.frames["front_sim"][None, 1:3])  # "the previous window made" sim-looking frames
-    sigmas = pipe._sigmas(8, 1.0)
-    pinned = pipe._sample_window(sim, act, noise, sigmas, 0.0, 0.0, 1.0, known)
-    free = pipe._sample_window(sim, act, noise, sigmas, 0.0, 0.0, 1.0, None)
+    pinned = pipe._sample_window(sim, act, noise, 8, 0.0, 0.0, 1.0, known)
+    free = pipe._sample_window(sim, act, noise, 8, 0.0, 0.0, 1.0, None)
     assert (pinned[:, :, :2] - known).abs().mean() < 0.02
     assert (free[:, :, :2] - known).abs().mean() > 0.2  # left alone, the model makes real-looking ones
 

@@ -5,12 +5,13 @@ A folder written by ``save_pretrained`` holds everything needed to sample offlin
     translator.json        camera, window (num_frames, resolution), action_dim, controls, provenance,
                            sampling (the num_steps, w_action, w_sim that calls use unless told otherwise)
     transformer/           CompositionalVideoDiT (config.json + safetensors)
-    scheduler/             FlowMatchEulerDiscreteScheduler config (sigmas of the Euler loop)
+    scheduler/             FlowMatchEulerDiscreteScheduler config (timesteps, sigmas and step of the loop)
     codec.json (+ vae/)    the codec; a VAE's weights are copied in
     action_stats.json      action normalization (raw actions in, normalized inside)
 
-Sampling integrates the flow ODE dx/dsigma = v from sigma=1 (noise) to 0 with Euler steps,
-v composed from the unconditional, action-only and sim-only predictions (guidance.py).
+Sampling runs the saved scheduler's timesteps and its own ``step`` (diffusers style): with
+FlowMatchEulerDiscreteScheduler, Euler steps of the flow ODE dx/dsigma = v from sigma=1 (noise)
+to 0, v composed from the unconditional, action-only and sim-only predictions (guidance.py).
 Episodes longer than the window are generated in overlapping windows: each new window's
 overlap frames are pinned to the previous result, re-noised with the same noise at every
 step, and the overlap is cross-faded linearly, so no seam shows.
@@ -203,27 +204,37 @@ class TranslatorPipeline:
         return (float(d["w_action"] if w_action is None else w_action), float(d["w_sim"] if w_sim is None else w_sim),
                 int(d["num_steps"] if num_steps is None else num_steps))
 
-    def _sigmas(self, num_steps: int, strength: float):
-        self.scheduler.set_timesteps(num_steps)
-        sigmas = self.scheduler.sigmas.float()  # (num_steps + 1,), last = 0
+    def _timesteps(self, num_steps: int, strength: float) -> torch.Tensor:
+        """Set the scheduler up for one window and return the timesteps to run: all ``num_steps``
+        at strength 1; a strength < 1 runs only the last ones (the scheduler starts at that index)."""
+        self.scheduler.set_timesteps(num_steps, device=self.device)
         start = num_steps - min(num_steps, max(1, int(round(num_steps * strength))))
-        return sigmas[start:]
+        self.scheduler.set_begin_index(start)
+        return self.scheduler.timesteps[start:]
 
     @torch.no_grad()
-    def _sample_window(self, sim_lat, actions, noise, sigmas, w_action, w_sim, strength, known=None):
-        """Euler on the flow ODE for one window; ``known`` (B, C, k, h, w) pins the first k latent frames."""
-        model = self.transformer
+    def _sample_window(self, sim_lat, actions, noise, num_steps, w_action, w_sim, strength, known=None,
+                       generator=None):
+        """Denoise one window with the scheduler; ``known`` (B, C, k, h, w) pins the first k latent frames."""
+        model, scheduler = self.transformer, self.scheduler
         dtype = next(model.parameters()).dtype
+        # 1. timesteps, and the sigma (noise level) of each
+        timesteps = self._timesteps(num_steps, strength)
+        sigmas = scheduler.sigmas[scheduler.begin_index:]
+        # 2. initial latents: pure noise, or the sim latents noised to the first sigma (strength < 1)
         C = model.config.in_channels
         x = noise * sigmas[0] + (1 - sigmas[0]) * sim_lat[:, :C] if strength < 1 else noise.clone()
-        for i in range(len(sigmas) - 1):
-            s, s_next = float(sigmas[i]), float(sigmas[i + 1])
+        # 3. denoising loop
+        for i, t in enumerate(timesteps):
+            # 3a. overlap with the previous window: its result, re-noised with the same noise
             if known is not None:
-                k = known.shape[2]
-                x[:, :, :k] = (1 - s) * known + s * noise[:, :, :k]  # same noise as the previous window
-            t = torch.full((x.shape[0],), s * 1000.0, device=x.device)
-            v = guided_velocity(model, x.to(dtype), t, actions.to(dtype), sim_lat.to(dtype), w_action, w_sim)
-            x = x + (s_next - s) * v
+                k, s = known.shape[2], float(sigmas[i])
+                x[:, :, :k] = (1 - s) * known + s * noise[:, :, :k]
+            # 3b. the composed velocity of the three conditions, in one model call
+            v = guided_velocity(model, x.to(dtype), t.expand(x.shape[0]).float(), actions.to(dtype),
+                                sim_lat.to(dtype), w_action, w_sim)
+            # 3c. the scheduler's step (an Euler step of the flow ODE for FlowMatchEulerDiscreteScheduler)
+            x = scheduler.step(v, t, x, generator=generator, return_dict=False)[0]
         return x
 
     @torch.no_grad()
@@ -256,7 +267,6 @@ class TranslatorPipeline:
         dev = self.device
         sim_px = torch.cat([video_to_tensor(v) for v in [sim] + ctrl], dim=1)  # (B, Cs_px, T, H, W)
         act_n = torch.from_numpy(self.normalizer.normalize(act))
-        sigmas = self._sigmas(num_steps, strength)
         gen = torch.Generator().manual_seed(int(seed))
         per_frame = self.codec.temporal_factor == 1
         t_lat, h, w = self.codec.latent_size(N, *self.resolution)
@@ -285,8 +295,8 @@ class TranslatorPipeline:
                 else:  # causal video VAE: the first latent frames depend only on the first pixel frames
                     ref = torch.cat([out[:, :, s:done], sim_px[:, :3, done:s + N]], dim=2)
                     known = self.codec.encode(ref.to(dev))[:, :, :1 + (k_px - 1) // self.codec.temporal_factor]
-            lat = self._sample_window(sim_lat, act_n[:, sl].to(dev), noise.to(dev), sigmas.to(dev), w_action,
-                                      w_sim, strength, known)
+            lat = self._sample_window(sim_lat, act_n[:, sl].to(dev), noise.to(dev), num_steps, w_action,
+                                      w_sim, strength, known, generator=gen)
             video = self.codec.decode(lat).float().cpu()
             if k_px > 0:  # linear cross-fade from the previous result to this window over the overlap
                 ramp = torch.arange(1, k_px + 1, dtype=torch.float32) / (k_px + 1)
