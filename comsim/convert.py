@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import ComSimError
+from comsim.io.keys import control_key, sim_key
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
 from comsim.io.files import read_json_object, write_json
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
@@ -127,7 +128,7 @@ def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
         raise ConversionError(f"{where}: action has {a_dim} values per frame but the translator {model_dir} "
                               f"expects action_dim={meta['action_dim']}; refusing before converting anything")
     cam = meta["camera"]
-    need = [f"{cam}_sim"] + [f"{cam}_sim_{c}" for c in meta.get("controls", [])]
+    need = [sim_key(cam)] + [control_key(cam, c) for c in meta.get("controls", [])]
     missing = [IMAGE_PREFIX + k for k in need if k not in ds.camera_keys]
     if missing:
         raise ConversionError(f"{where}: no video feature {missing}; the translator {model_dir} needs them "
@@ -164,8 +165,8 @@ def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, t_
     from comsim.translator.data import resize_video
 
     cam, res = pipe.camera, tuple(pipe.resolution)
-    sim = resize_video(ep.frames[f"{cam}_sim"], res)
-    controls = {c: resize_video(ep.frames[f"{cam}_sim_{c}"], res) for c in pipe.controls} or None
+    sim = resize_video(ep.frames[sim_key(cam)], res)
+    controls = {c: resize_video(ep.frames[control_key(cam, c)], res) for c in pipe.controls} or None
     s = episode_seed(seed, index)
     frames = pipe(sim, ep.action, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
                   num_steps=guidance["steps"], strength=guidance["strength"], seed=s, controls=controls)

@@ -20,6 +20,7 @@ from comsim.factory.layout import EpisodeSetup, home_pose, sample_setup
 from comsim.factory.primitives import PRIMITIVES, Expert, PlanState, PrimitiveFailure
 from comsim.factory.program import ProgramError, TaskProgram
 from comsim.factory.success import evaluate
+from comsim.io.keys import control_key, sim_key
 from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
@@ -137,8 +138,8 @@ def run_episode(program: TaskProgram, setup: EpisodeSetup, controls: tuple[str, 
     if not success and failure is None:
         failed = [k for k, v in verdicts.items() if not v]
         failure, detail = "predicate", f"{program.path}: not met: {failed}"
-    frames = {f"{cam}_sim": np.stack(rec["rgb"])}
-    frames.update({f"{cam}_sim_{c}": np.stack(rec[c]) for c in controls})
+    frames = {sim_key(cam): np.stack(rec["rgb"])}
+    frames.update({control_key(cam, c): np.stack(rec[c]) for c in controls})
     twin_hash = twin_hash or spec_hash(program.scene)
     prov = Provenance(source="sim", task=program.name, seed=setup.seed, twin_spec_hash=twin_hash,
                       extra={"program_hash": program.hash, "program": program.path.name, "setup": setup.describe(),

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from comsim.io.keys import seen_cameras
 from comsim.metrics import frame as fm
 from comsim.metrics.action import RobotColourModel, mask_iou, render_robot_masks
 from comsim.metrics.frechet import (I3D_CLIP_FRAMES, I3DFeatures, InceptionFeatures, MetricUnavailable, fid, fvd,
@@ -68,7 +69,7 @@ class LeRobotSource(VideoSource):
         self.path, self.ds = path, LeRobotDataset(path)
         cams = self.ds.camera_keys
         if camera is None:
-            seen = [c for c in cams if not c.endswith(("_sim", "_sim_seg", "_sim_depth"))]
+            seen = seen_cameras(cams)
             if len(seen) != 1:
                 raise ValueError(f"{path}: choose a camera with --camera; the dataset has {cams}")
             camera = seen[0]

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
+from comsim.io.keys import seg_key
 from comsim.metrics.action import ROBOT_LABEL, RobotColourModel, mask_iou
 
 WITHIN_PX = 2.0
@@ -180,12 +181,12 @@ def fit_fidelity_model(paired, camera: str = "front", episodes=None, size: tuple
     from comsim.translator.data import resize_video
 
     ds = paired if isinstance(paired, LeRobotDataset) else LeRobotDataset(paired)
-    _need(ds, [camera, f"{camera}_sim_seg"], "the paired dataset the colour models are fit on")
+    _need(ds, [camera, seg_key(camera)], "the paired dataset the colour models are fit on")
     model = FidelityModel()
     for e in (range(len(ds)) if episodes is None else episodes):
-        ep = ds.read_episode(e, cameras=[camera, f"{camera}_sim_seg"])
+        ep = ds.read_episode(e, cameras=[camera, seg_key(camera)])
         real = ep.frames[camera] if size is None else resize_video(ep.frames[camera], tuple(size))
-        model.update(real, _labels_at(ep.frames[f"{camera}_sim_seg"], real.shape[1:3]))
+        model.update(real, _labels_at(ep.frames[seg_key(camera)], real.shape[1:3]))
     return model
 
 
@@ -198,12 +199,12 @@ def evaluate_object_fidelity(pred, model: FidelityModel, camera: str = "front", 
     from comsim.io.lerobot import LeRobotDataset
 
     ds = pred if isinstance(pred, LeRobotDataset) else LeRobotDataset(pred)
-    _need(ds, [camera, f"{camera}_sim_seg"], "the dataset scored for object fidelity")
+    _need(ds, [camera, seg_key(camera)], "the dataset scored for object fidelity")
     results = []
     for e in tqdm(list(range(len(ds)) if episodes is None else episodes), desc="object fidelity", disable=not progress):
-        ep = ds.read_episode(e, cameras=[camera, f"{camera}_sim_seg"])
+        ep = ds.read_episode(e, cameras=[camera, seg_key(camera)])
         frames = ep.frames[camera]
-        results.append(object_fidelity(frames, _labels_at(ep.frames[f"{camera}_sim_seg"], frames.shape[1:3]), model))
+        results.append(object_fidelity(frames, _labels_at(ep.frames[seg_key(camera)], frames.shape[1:3]), model))
     out = pool(results)
     out.update(camera=camera, within_px=WITHIN_PX, resolution=list(frames.shape[1:3]) if results else None,
                how="objects: centroid of the largest-mass component of P(object | colour) > 0.5 vs the centroid of "

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from comsim.episode import Episode
+from comsim.io.keys import control_key, sim_key
 
 
 # -- frames ---------------------------------------------------------------------------------
@@ -186,7 +187,7 @@ class PairedWindowDataset(torch.utils.data.Dataset):
         self.sources = [_open_source(s) for s in sources]
         self.camera, self.num_frames, self.resolution = camera, num_frames, tuple(resolution)
         self.controls = tuple(controls)
-        self.keys = [camera, f"{camera}_sim"] + [f"{camera}_sim_{c}" for c in self.controls]
+        self.keys = [camera, sim_key(camera)] + [control_key(camera, c) for c in self.controls]
         if normalizer is None:
             normalizer = ActionNormalizer.pooled([_source_stats(s) for s in self.sources])
         self.normalizer = normalizer

@@ -28,6 +28,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
 from comsim.errors import ComSimError
+from comsim.io.keys import control_key, sim_key
 from comsim.translator.codec import load_codec
 from comsim.translator.data import ActionNormalizer, encode_condition, tensor_to_video, video_to_tensor
 from comsim.translator.guidance import guided_velocity
@@ -320,12 +321,12 @@ class TranslatorPipeline:
         from comsim.episode import Episode, Provenance
         from comsim.translator.data import resize_video
 
-        key = f"{self.camera}_sim"
+        key = sim_key(self.camera)
         if key not in episode.frames:
             raise ValueError(f"episode has no {key!r} frames (it has {sorted(episode.frames)})")
         sim = resize_video(episode.frames[key], self.resolution)
-        controls = {c: resize_video(episode.frames[f"{key}_{c}"], self.resolution) for c in self.controls
-                    if f"{key}_{c}" in episode.frames} or None
+        controls = {c: resize_video(episode.frames[control_key(self.camera, c)], self.resolution) for c in self.controls
+                    if control_key(self.camera, c) in episode.frames} or None
         w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
         frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
                       strength=strength, seed=seed, controls=controls, **kwargs)

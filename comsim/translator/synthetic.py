@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from comsim.episode import Episode, Provenance
+from comsim.io.keys import sim_key
 
 BASE = np.array([0.5, 0.97])  # arm base, normalized (x, y), y down
 LINKS = (0.40, 0.32)
@@ -139,7 +140,7 @@ def make_episode(actions: np.ndarray, scene: dict, size: int, camera: str = "fro
     sim = np.stack([render(a, scene, size, "sim") for a in actions])
     state = np.concatenate([actions[:1], actions[:-1]]).copy()  # the servo lags one frame
     state[:, 7] *= 0.08  # gripper opening in metres
-    return Episode(frames={camera: real, f"{camera}_sim": sim}, action=actions, state=state, fps=fps,
+    return Episode(frames={camera: real, sim_key(camera): sim}, action=actions, state=state, fps=fps,
                    task="synthetic arm", provenance=Provenance(source="lab", task="synthetic arm", seed=seed,
                                                                extra={"scene": {k: np.asarray(v).tolist() for k, v in scene.items()}}))
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode
+from comsim.io.keys import control_key, sim_key
 from comsim.io.video import write_video
 from comsim.metrics.frame import psnr as frame_psnr
 from comsim.translator.codec import build_codec
@@ -239,7 +240,7 @@ def build_datasets(cfg: TranslatorConfig, sources=None):
     d = cfg.data
     sources = open_sources(cfg) if sources is None else sources
     if d.preload:
-        keys = [d.camera, f"{d.camera}_sim"] + [f"{d.camera}_sim_{c}" for c in d.controls]
+        keys = [d.camera, sim_key(d.camera)] + [control_key(d.camera, c) for c in d.controls]
         one = isinstance(sources, (str, Path)) or (isinstance(sources, (list, tuple)) and len(sources) > 0
                                                    and isinstance(sources[0], Episode))
         sources = [preload_source(s, keys, d.resolution) for s in ([sources] if one else sources)]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from comsim.io.keys import seen_cameras
 from comsim.io.lerobot import LeRobotDataset
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.spec import SceneSpec
@@ -43,7 +44,7 @@ ROUNDS = ((16, True), (5, False), (2, False), (2, False))
 
 
 def camera_key(ds: LeRobotDataset, camera: str | None = None) -> str:
-    real = [c for c in ds.camera_keys if not c.endswith(("_sim", "_sim_seg", "_sim_depth"))]
+    real = seen_cameras(ds.camera_keys)
     if camera is not None:
         if camera not in real:
             raise CalibrationDataError(f"{ds.root}: no camera {camera!r}; cameras are {real}")

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from comsim.io.files import write_json
+from comsim.io.keys import sim_key
 
 MANIFEST = "pairs.json"
 PANDA_CELL = Path(__file__).resolve().parents[2] / "configs" / "twin" / "panda_cell.yaml"
@@ -46,8 +47,9 @@ def sim_vs_real_psnr(paired: Path) -> float:
     from comsim.metrics.frame import psnr
 
     ds = LeRobotDataset(paired)
-    vals = [psnr(ep.frames["front_sim"], ep.frames["front"])
-            for ep in (ds.read_episode(e, cameras=["front", "front_sim"]) for e in range(len(ds)))]
+    cam = "front"
+    vals = [psnr(ep.frames[sim_key(cam)], ep.frames[cam])
+            for ep in (ds.read_episode(e, cameras=[cam, sim_key(cam)]) for e in range(len(ds)))]
     return float(np.mean(np.concatenate(vals)))
 
 

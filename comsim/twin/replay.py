@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import SOURCES, Episode, Provenance
 from comsim.errors import InputError
+from comsim.io.keys import depth_key, seg_key, sim_key
 from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
@@ -221,11 +222,11 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                 scene.step(ep.action[k, :8], n_substeps=steps * scene.spec.physics.substeps)
     finally:
         view.close()
-    frames = {cam: ep.frames[cam], f"{cam}_sim": np.stack(sim)}
+    frames = {cam: ep.frames[cam], sim_key(cam): np.stack(sim)}
     if seg:
-        frames[f"{cam}_sim_seg"] = np.stack(seg)
+        frames[seg_key(cam)] = np.stack(seg)
     if depth:
-        frames[f"{cam}_sim_depth"] = np.stack(depth)
+        frames[depth_key(cam)] = np.stack(depth)
     src = ep.provenance.source if ep.provenance.source in SOURCES else "real"
     prov = Provenance(source=src, task=ep.provenance.task or ep.task, seed=ep.provenance.seed,
                       twin_spec_hash=al["spec_hash"],

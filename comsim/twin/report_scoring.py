@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from comsim.io.keys import seg_key
 from comsim.io.lerobot import LeRobotDataset
 from comsim.sim.spec import scene_spec_from_dict
 from comsim.twin.camera_model import rgb_to_seg
@@ -61,18 +62,18 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
     dist = None if al["dist"] is None else np.asarray(al["dist"])
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
     spec = scene_spec_from_dict(al["spec"], where="twin_alignment.json")
-    seg_key = f"{cam}_sim_seg"
-    if seg_key not in ds.camera_keys:
-        raise ValueError(f"{paired}: no {seg_key!r} video; replay with the 'seg' channel to score robot masks")
+    seg = seg_key(cam)
+    if seg not in ds.camera_keys:
+        raise ValueError(f"{paired}: no {seg!r} video; replay with the 'seg' channel to score robot masks")
     truth = _lab_truth(real)
     true_masks = _TrueMasks(truth) if truth is not None else None
 
     # Sample frames, with the twin's own silhouettes (the replay's segmentation video).
     samples = []  # (episode, k, real frame, state, twin robot mask in the real geometry)
     for e in range(len(ds)):
-        ep = ds.read_episode(e, cameras=[cam, seg_key])
+        ep = ds.read_episode(e, cameras=[cam, seg])
         for k in np.unique(np.linspace(0, len(ep) - 1, per_ep).astype(int)):
-            samples.append((e, int(k), ep.frames[cam][k], ep.state[k], rgb_to_seg(ep.frames[seg_key][k]) == 1,
+            samples.append((e, int(k), ep.frames[cam][k], ep.state[k], rgb_to_seg(ep.frames[seg][k]) == 1,
                             ep.provenance.extra))
     # Derived masks live in the pinhole geometry: compare with pinhole silhouettes there.
     imgs = np.stack([undistort(s[2], maps) if maps is not None else s[2] for s in samples])
