@@ -15,10 +15,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-
+from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import atomic_output
 from comsim.report.run import build_report
+from comsim.run_layout import CONVERT, FACTORY, LAB_RECORD, POLICY, TRANSLATOR, TWIN, VIDEO_METRICS, RunLayout
 
 
 @dataclass
@@ -76,31 +77,24 @@ def run_demo(out: Path, profile: str = "small") -> Path:
         _log(f"{name} done in {timings[name]} s")
         return result
 
-    lab_dir = out / "lab"
-    step("lab record", lambda: _lab(lab_dir, p))
-    paired_dir = out / "paired"
-    step("twin calibrate + replay", lambda: _twin(lab_dir, paired_dir, out / "twin"), needs=["lab record"])
-    model_dir = step("translator training", lambda: _translator(paired_dir, out / "translator", p),
-                     needs=["twin calibrate + replay"])
-    sim_dir, ood_dir = out / "sim", out / "sim_ood"
+    run = RunLayout(out)
+    step(LAB_RECORD, lambda: _lab(run.lab, p))
+    step(TWIN, lambda: _twin(run.lab, run.paired, run.twin_summary), needs=[LAB_RECORD])
+    model_dir = step(TRANSLATOR, lambda: _translator(run.paired, run.translator, p), needs=[TWIN])
     # In the ALIGNED twin: the translator learned the calibrated camera and colours, not the nominal cell.
-    step("factory generate", lambda: _generate(sim_dir, ood_dir, p, paired_dir / "twin_aligned.yaml"),
-         needs=["twin calibrate + replay"])
-    pseudo_dir, pseudo_ood_dir = out / "pseudo_real", out / "pseudo_real_ood"
-    step("convert", lambda: _convert(model_dir, [(sim_dir, pseudo_dir), (ood_dir, pseudo_ood_dir)]),
-         needs=["translator training", "factory generate"])
-    heldout_dir = out / "heldout_pseudo_real"
-    step("video metrics", lambda: _metrics(model_dir, paired_dir, heldout_dir, out / "metrics.json",
-                                           {"id": pseudo_dir, "ood": pseudo_ood_dir}),
-         needs=["translator training", "convert"])
-    step("policy experiment", lambda: _policy(p, out, lab_dir, sim_dir, pseudo_dir), needs=["lab record"])
+    step(FACTORY, lambda: _generate(run.sim, run.sim_ood, p, run.paired / "twin_aligned.yaml"), needs=[TWIN])
+    step(CONVERT, lambda: _convert(model_dir, [(run.sim, run.pseudo_real), (run.sim_ood, run.pseudo_real_ood)]),
+         needs=[TRANSLATOR, FACTORY])
+    step(VIDEO_METRICS, lambda: _metrics(model_dir, run, {"id": run.pseudo_real, "ood": run.pseudo_real_ood}),
+         needs=[TRANSLATOR, CONVERT])
+    step(POLICY, lambda: _policy(p, run), needs=[LAB_RECORD])
     stages = {"profile": profile, "timings": timings, "failures": failures}
-    summary_path = out / "translator" / "train_summary.json"
+    summary_path = run.translator / "train_summary.json"
     if summary_path.is_file():  # steps done of planned: a translator that stopped early says so
         summary = json.loads(summary_path.read_text())
         stages["translator"] = {k: summary.get(k) for k in ("steps_done", "steps_planned", "stopped_early",
                                                             "stop_reason")}
-    with atomic_output(out / "stages.json") as tmp:  # the report builder reads what ran, failed, took how long
+    with atomic_output(run.stages) as tmp:  # the report builder reads what ran, failed, took how long
         tmp.write_text(json.dumps(stages, indent=1) + "\n")
     report = build_report(out, title="ComSim demo: the lab, end to end")
     _log(f"report: {report.resolve()}")
@@ -126,10 +120,9 @@ def _lab(lab_dir: Path, p: DemoProfile) -> None:
         record_dataset(task=p.task, episodes=p.real_episodes, out=lab_dir, seed=0)
 
 
-def _twin(lab_dir: Path, paired_dir: Path, twin_dir: Path) -> dict:
+def _twin(lab_dir: Path, paired_dir: Path, summary_path: Path) -> dict:
     from comsim.twin.replay import replay_dataset
 
-    summary_path = twin_dir / "summary.json"
     if not _done(paired_dir) or not summary_path.is_file():
         replay_dataset(real=lab_dir, twin=_package_file("configs/twin/panda_cell.yaml"), out=paired_dir, mode="physics",
                        calibration=None)
@@ -137,7 +130,7 @@ def _twin(lab_dir: Path, paired_dir: Path, twin_dir: Path) -> dict:
         report_path = paired_dir / "alignment_report.json"
         if report_path.is_file():
             summary = json.loads(report_path.read_text())
-        twin_dir.mkdir(parents=True, exist_ok=True)
+        summary_path.parent.mkdir(parents=True, exist_ok=True)
         summary_path.write_text(json.dumps(summary, indent=1, default=str))
     return json.loads(summary_path.read_text())
 
@@ -187,9 +180,10 @@ def _heldout_indices(paired_dir: Path) -> list[int]:
     return [e for _, e in val]  # the translator's validation episodes
 
 
-def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path: Path, converted: dict) -> dict:
+def _metrics(model_dir: Path, run: RunLayout, converted: dict) -> dict:
     """Translate the held-out paired episodes and score them (and raw sim) against the lab frames; object
     fidelity of those and of the converted factory episodes (in- and out-of-distribution layouts)."""
+    metrics_path, paired_dir = run.metrics, run.paired
     if metrics_path.is_file():
         return json.loads(metrics_path.read_text())
     from comsim.io.lerobot import DatasetWriter
@@ -201,16 +195,16 @@ def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path:
     ds = LeRobotDataset(paired_dir)
     cam = pipe.camera
     H, W = pipe.resolution
-    seg = f"{cam}_sim_seg"
-    sim_dir, real_dir = heldout_dir / "sim_only", heldout_dir / "real"
+    seg = seg_key(cam)
+    pseudo_dir, sim_dir, real_dir = (run.heldout_part(k) for k in ("pseudo", "sim_only", "real"))
     heldout = _heldout_indices(paired_dir)
-    if not _done(heldout_dir / "pseudo"):
+    if not _done(pseudo_dir):
         from comsim.translator.data import resize_video
 
-        writers = {k: DatasetWriter(heldout_dir / k, ds.fps) for k in ("pseudo", "sim_only", "real")}
+        writers = {k: DatasetWriter(run.heldout_part(k), ds.fps) for k in ("pseudo", "sim_only", "real")}
         for j, i in enumerate(heldout):
-            ep = ds.read_episode(i, cameras=[cam, f"{cam}_sim", seg])
-            sim = resize_video(ep.frames[f"{cam}_sim"], (H, W))
+            ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg])
+            sim = resize_video(ep.frames[sim_key(cam)], (H, W))
             real = resize_video(ep.frames[cam], (H, W))
             fake = pipe(sim, ep.action, seed=i)
             for k, frames in (("pseudo", fake), ("sim_only", sim), ("real", real)):
@@ -220,12 +214,12 @@ def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path:
         for w in writers.values():
             w.close()
     opts = dict(camera=cam, metrics=["psnr", "ssim", "fid"])
-    result = {"pseudo_real_vs_real": evaluate_video(heldout_dir / "pseudo", real_dir, **opts),
+    result = {"pseudo_real_vs_real": evaluate_video(pseudo_dir, real_dir, **opts),
               "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
     # colour models from the training pairs' real frames only (never the held-out or generated ones)
     model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W))
     fidelity = {"heldout_real (estimator ceiling)": evaluate_object_fidelity(real_dir, model, cam),
-                "heldout_pseudo_real": evaluate_object_fidelity(heldout_dir / "pseudo", model, cam)}
+                "heldout_pseudo_real": evaluate_object_fidelity(pseudo_dir, model, cam)}
     for split, path in converted.items():
         if _done(path):
             fidelity[f"factory_pseudo_real_{split}"] = evaluate_object_fidelity(path, model, cam)
@@ -235,11 +229,11 @@ def _metrics(model_dir: Path, paired_dir: Path, heldout_dir: Path, metrics_path:
     return result
 
 
-def _policy(p: DemoProfile, out: Path, lab_dir: Path, sim_dir: Path, pseudo_dir: Path) -> dict | None:
+def _policy(p: DemoProfile, run: RunLayout) -> dict | None:
     try:
         from comsim.policy.experiment import run_experiment
     except ImportError:
         _log("policy experiment: comsim.policy is not available; skipped")
         return None
-    return run_experiment(_package_file(p.policy_experiment), out / "policy",
-                          datasets={"real": lab_dir, "sim": sim_dir, "pseudo_real": pseudo_dir})
+    return run_experiment(_package_file(p.policy_experiment), run.policy,
+                          datasets={"real": run.lab, "sim": run.sim, "pseudo_real": run.pseudo_real})

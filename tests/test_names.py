@@ -9,3 +9,49 @@ def test_camera_keys():
     keys = ["front", "front_sim", "front_sim_seg", "front_sim_depth", "wrist", "wrist_sim", "simple"]
     assert [k for k in keys if is_sim_key(k)] == ["front_sim", "front_sim_seg", "front_sim_depth", "wrist_sim"]
     assert seen_cameras(keys) == ["front", "wrist", "simple"]
+
+
+# -- the run folder ---------------------------------------------------------------------------------
+def test_run_layout_names_every_stage_output(tmp_path):
+    from comsim.run_layout import CONVERT, LAB_RECORD, STAGES, VIDEO_METRICS, RunLayout
+
+    run = RunLayout(tmp_path)
+    assert [s.name for s in STAGES] == ["lab record", "twin calibrate + replay", "translator training",
+                                        "factory generate", "convert", "video metrics", "policy experiment"]
+    assert run.lab == run.output(LAB_RECORD) == tmp_path / "lab"
+    assert run.pseudo_real == run.output(CONVERT) and run.metrics == run.output(VIDEO_METRICS)
+    assert run.translator_final == tmp_path / "translator" / "final"
+    assert run.heldout_part("pseudo") == tmp_path / "heldout_pseudo_real" / "pseudo"
+    for bad in (lambda: run.output("lab"), lambda: run.heldout_part("fake")):
+        try:
+            bad()
+        except KeyError as e:
+            assert "lab record" in str(e) or "sim_only" in str(e)
+        else:
+            raise AssertionError("an unknown name was accepted")
+
+
+def test_the_demo_logs_the_stages_the_report_lists(tmp_path, monkeypatch):
+    """The demo's stage names are the report's: a demo whose first stage fails records every stage
+    (failed or skipped) in stages.json, and the report's stage table shows each one, none left over."""
+    import json
+    import re
+
+    import pytest
+
+    from comsim import demo
+    from comsim.run_layout import STAGES, RunLayout
+
+    monkeypatch.setitem(demo.PROFILES, "no_such_task", demo.DemoProfile(task="no_such_task"))
+    with pytest.raises(RuntimeError, match="failed stages"):
+        demo.run_demo(tmp_path, profile="no_such_task")
+    run = RunLayout(tmp_path)
+    failures = json.loads(run.stages.read_text())["failures"]
+    assert list(failures) == [s.name for s in STAGES]
+    assert "unknown lab task" in failures["lab record"]
+    assert all(v.startswith("skipped: needs") for k, v in failures.items() if k != "lab record")
+    page = run.report.read_text()
+    table = page[page.index("<h2>Stages</h2>"):page.index("<h2>Failed or skipped stages</h2>")]
+    for s in STAGES:
+        assert re.search(rf"<td>{re.escape(s.name)}</td>\s*<td>{re.escape(s.output)}</td>", table), s.name
+    assert "Other timings" not in page

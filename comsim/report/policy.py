@@ -17,10 +17,11 @@ import numpy as np
 
 from comsim.report.html import Report, fmt_seconds, missing_figure, read_json
 from comsim.report.plots import bar_chart_svg, top_view_svg
+from comsim.run_layout import RunLayout
 
 
 def policy_section(rep: Report, run: Path) -> None:
-    path = next((p for p in (run / "policy" / "results.json", run / "results.json") if p.is_file()), None)
+    path = next((p for p in (RunLayout(run).policy_results, run / "results.json") if p.is_file()), None)
     doc = read_json(path) if path else None
     if not isinstance(doc, dict) or "arms" not in doc:
         rep.absent("not run: no policy/results.json (written by the policy experiment, "

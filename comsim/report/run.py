@@ -1,19 +1,8 @@
 """The report of a run folder: ``comsim report RUN_DIR`` and the end of ``comsim demo``.
 
 Builds ``RUN_DIR/report.html`` (clips under ``RUN_DIR/report_media/``) from whatever the
-folder holds, in the layout ``comsim demo`` writes::
-
-    lab/                      lab (real stand-in) LeRobot dataset
-    paired/                   twin replay: real + twin-render videos per episode, the alignment
-                              (twin_alignment.json, alignment_report.json, report/*.png)
-    twin/summary.json         twin alignment summary
-    translator/               training output: train_summary.json, validation/, final/ (the translator)
-    sim/                      factory episodes (sim)
-    pseudo_real/              factory episodes converted: <cam> pseudo-real, <cam>_sim; conversion.json
-    heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
-    metrics.json              {comparison: evaluate_video report} (or one report)
-    policy/results.json       policy experiment (or results.json at the top, as eval_policy writes)
-    stages.json               {"timings": {stage: s}, "failures": {stage: reason}} (demo)
+folder holds, in the layout ``comsim demo`` writes (``comsim.run_layout.RunLayout``, which
+lists the folders and files).
 
 Each stage's section shows its evidence (``twin.py``, ``translator.py``, ``policy.py``;
 convert and the metrics here); a part with nothing to show says why ("not run: ...",
@@ -27,45 +16,37 @@ import time
 from pathlib import Path
 
 from comsim.convert import HEADER_FILE, REPORT_FILE
+from comsim.io.keys import seen_cameras, sim_key
 from comsim.report.html import Report, fmt_seconds, read_json
 from comsim.report.plots import bar_chart_svg
 from comsim.report.policy import policy_section
 from comsim.report.translator import SUMMARY as TRAIN_SUMMARY, translator_section
 from comsim.report.twin import twin_section
+from comsim.run_layout import CONVERT, POLICY, STAGES, TRANSLATOR, RunLayout
 
-PAGE, MEDIA = "report.html", "report_media"
-
-# (stage name as the demo logs it, output path under RUN_DIR, kind of output)
-STAGES = [
-    ("lab record", "lab", "dataset"),
-    ("twin calibrate + replay", "paired", "dataset"),
-    ("translator training", "translator/final/translator.json", "file"),
-    ("factory generate", "sim", "dataset"),
-    ("convert", "pseudo_real", "dataset"),
-    ("video metrics", "metrics.json", "file"),
-    ("policy experiment", "policy/results.json", "file"),
-]
 
 
 def build_report(run_dir: str | Path, title: str | None = None, max_episodes: int = 3) -> Path:
     """Write ``run_dir/report.html`` and return its path; raises FileNotFoundError if no run_dir."""
     run = Path(run_dir)
+    layout = RunLayout(run)
     if not run.is_dir():
         raise FileNotFoundError(f"{run}: run folder not found (give the --out folder of `comsim demo`, or an "
                                 "experiment's output folder)")
-    rep = Report(run, title=title or f"ComSim report: {run.resolve().name}", page=PAGE, media=MEDIA)
+    rep = Report(run, title=title or f"ComSim report: {run.resolve().name}", page=layout.report.name,
+                 media=layout.report_media.name)
     rep.text(f"Run folder {run.resolve()}; report built {time.strftime('%Y-%m-%d %H:%M:%S')}. "
              "Built by `comsim report`; parts the run did not produce say why.")
     try:
-        stages = read_json(run / "stages.json") or {}
+        stages = read_json(layout.stages) or {}
         if not isinstance(stages, dict):
-            raise ValueError(f"{run / 'stages.json'}: expected a JSON object")
+            raise ValueError(f"{layout.stages}: expected a JSON object")
     except ValueError as e:
         rep.warn(f"stage log unreadable: {e}")
         stages = {}
     timings, failures = stages.get("timings") or {}, stages.get("failures") or {}
     if not (isinstance(timings, dict) and isinstance(failures, dict)):
-        rep.warn(f"stage log unreadable: {run / 'stages.json'}: 'timings' and 'failures' must be objects")
+        rep.warn(f"stage log unreadable: {layout.stages}: 'timings' and 'failures' must be objects")
         timings, failures = {}, {}
 
     rep.heading("Stages")
@@ -84,7 +65,7 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
         rep.heading(heading)
         _section(rep, fn, run, *args)
 
-    other = {k: fmt_seconds(v) for k, v in timings.items() if k not in {s[0] for s in STAGES}}
+    other = {k: fmt_seconds(v) for k, v in timings.items() if k not in {s.name for s in STAGES}}
     if other:
         rep.heading("Other timings")
         rep.table([other], caption="wall time of the steps not in the stage table (stages.json)")
@@ -102,20 +83,20 @@ def _section(rep: Report, fn, *args):
 
 # -- stages -------------------------------------------------------------------------------------
 def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
-    rows = []
-    for name, rel, kind in STAGES:
-        path = run / rel
+    rows, layout = [], RunLayout(run)
+    for stage in STAGES:
+        name, rel, kind, path = stage.name, stage.output, stage.kind, layout.output(stage.name)
         if name in failures:
             why = str(failures[name])
             status = why if why.startswith("skipped") else f"failed: {why}"
         elif kind == "dataset" and (path / "meta" / "info.json").is_file():
             n = _dataset_len(path)
             status = f"done ({n} episode{'' if n == 1 else 's'})" if isinstance(n, int) else f"error: {n}"
-        elif name == "translator training" and (run / "translator" / TRAIN_SUMMARY).is_file():
-            status = _training_status(run / "translator" / TRAIN_SUMMARY, path.is_file())
+        elif name == TRANSLATOR and (layout.translator / TRAIN_SUMMARY).is_file():
+            status = _training_status(layout.translator / TRAIN_SUMMARY, path.is_file())
         elif kind == "file" and path.is_file():
             status = "done"
-        elif name == "policy experiment" and (run / "results.json").is_file():
+        elif name == POLICY and (run / "results.json").is_file():
             status, rel = "done", "results.json"
         else:
             status = "not run"
@@ -158,7 +139,7 @@ def _open(path: Path):
 
 
 def _main_camera(ds) -> str | None:
-    cams = [c for c in ds.camera_keys if not c.endswith(("_sim", "_sim_seg", "_sim_depth"))]
+    cams = seen_cameras(ds.camera_keys)
     return cams[0] if cams else (ds.camera_keys[0] if ds.camera_keys else None)
 
 
@@ -170,9 +151,8 @@ def _frames(ds, i: int, cam: str | None):
 
 # -- videos -------------------------------------------------------------------------------------
 def _videos(rep: Report, run: Path, k: int) -> int:
-    rows = 0
-    held = run / "heldout_pseudo_real"
-    pseudo, sim, real = _open(held / "pseudo"), _open(held / "sim_only"), _open(held / "real")
+    rows, layout = 0, RunLayout(run)
+    pseudo, sim, real = (_open(layout.heldout_part(k)) for k in ("pseudo", "sim_only", "real"))
     if pseudo is not None or real is not None:
         ref = pseudo or real
         cam = _main_camera(ref)
@@ -182,23 +162,23 @@ def _videos(rep: Report, run: Path, k: int) -> int:
             rep.video_row([("sim (twin render)", _frames(sim, i, cam)), ("pseudo-real", _frames(pseudo, i, cam)),
                            ("real (lab)", _frames(real, i, cam))], fps=ref.fps, caption=f"held-out episode {i}")
             rows += 1
-    conv = _open(run / "pseudo_real")
+    conv = _open(layout.pseudo_real)
     if conv is not None:
         cam = _main_camera(conv)
         rep.text("Factory episodes translated by `comsim convert` (no real counterpart exists).")
         for i in range(min(k, len(conv))):
             ep = conv.read_episode(i)
-            rep.video_row([("sim", ep.frames.get(f"{cam}_sim")), ("pseudo-real", ep.frames.get(cam)),
+            rep.video_row([("sim", ep.frames.get(sim_key(cam))), ("pseudo-real", ep.frames.get(cam)),
                            ("real", None)], fps=conv.fps, caption=f"factory episode {i}: success={ep.success}")
             rows += 1
     elif rows == 0:
-        paired, factory = _open(run / "paired"), _open(run / "sim")
+        paired, factory = _open(layout.paired), _open(layout.sim)
         if paired is not None:
             cam = _main_camera(paired)
             rep.text("Twin replay of the lab episodes (no translator output in this run).")
             for i in range(min(k, len(paired))):
                 ep = paired.read_episode(i)
-                rep.video_row([("sim (twin render)", ep.frames.get(f"{cam}_sim")), ("pseudo-real", None),
+                rep.video_row([("sim (twin render)", ep.frames.get(sim_key(cam))), ("pseudo-real", None),
                                ("real (lab)", ep.frames.get(cam))], fps=paired.fps, caption=f"paired episode {i}")
                 rows += 1
         elif factory is not None:
@@ -208,7 +188,7 @@ def _videos(rep: Report, run: Path, k: int) -> int:
                 rep.video_row([("sim", _frames(factory, i, cam)), ("pseudo-real", None), ("real", None)],
                               fps=factory.fps, caption=f"factory episode {i}")
                 rows += 1
-    lab = _open(run / "lab")
+    lab = _open(layout.lab)
     if lab is not None and rows == 0:
         cam = _main_camera(lab)
         rep.text("Lab teleoperation (the real stand-in).")
@@ -221,7 +201,7 @@ def _videos(rep: Report, run: Path, k: int) -> int:
 
 # -- metrics ------------------------------------------------------------------------------------
 def _metrics(rep: Report, run: Path) -> None:
-    doc = read_json(run / "metrics.json")
+    doc = read_json(RunLayout(run).metrics)
     if not isinstance(doc, dict) or not doc:
         rep.absent("not run: no metrics.json (written by eval/eval_video.py or `comsim demo`)")
         return
@@ -268,7 +248,7 @@ def _object_fidelity(rep: Report, doc) -> None:
 # -- convert ------------------------------------------------------------------------------------
 def _convert(rep: Report, run: Path, timings: dict) -> None:
     """Episodes, frames, frames/s and the guidance of ``comsim convert`` (pseudo_real/conversion.json)."""
-    out = run / "pseudo_real"
+    out = RunLayout(run).pseudo_real
     header = read_json(out / HEADER_FILE)
     ds = _open(out)
     if header is None and ds is None:
@@ -283,8 +263,8 @@ def _convert(rep: Report, run: Path, timings: dict) -> None:
     timing = read_json(out / REPORT_FILE) or {}
     fps, note = timing.get("frames_per_second"), ""
     seconds = timing.get("elapsed_s")
-    if fps is None and frames and isinstance(timings.get("convert"), (int, float)) and timings["convert"] > 0:
-        seconds = timings["convert"]
+    if fps is None and frames and isinstance(timings.get(CONVERT), (int, float)) and timings[CONVERT] > 0:
+        seconds = timings[CONVERT]
         fps = frames / seconds
         note = ("frames/s: the dataset's frames over the convert stage's wall time in stages.json (convert records "
                 "no timing of its own; the stage time includes loading the translator and starting workers, so "

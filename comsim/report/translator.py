@@ -20,14 +20,16 @@ import numpy as np
 
 from comsim.report.html import Report, fmt_number, read_json
 from comsim.report.plots import line_chart_svg
+from comsim.run_layout import RunLayout
 
 SUMMARY = "train_summary.json"
 
 
 def translator_section(rep: Report, run: Path) -> None:
-    out = run / "translator"
+    layout = RunLayout(run)
+    out = layout.translator
     doc = read_json(out / SUMMARY)
-    final = out / "final" / "translator.json"
+    final = layout.translator_final / "translator.json"
     if doc is None:
         if not out.is_dir():
             rep.absent("not run: no translator/ in this run folder")

@@ -22,14 +22,16 @@ import numpy as np
 
 from comsim.report.html import Report, fmt_number, fmt_seconds, read_json
 from comsim.report.plots import frame_values_svg
+from comsim.run_layout import RunLayout
 
 MAX_OVERLAYS = 4
 
 
 def twin_section(rep: Report, run: Path) -> None:
-    paired = run / "paired"
+    layout = RunLayout(run)
+    paired = layout.paired
     al = read_json(paired / "twin_alignment.json")
-    report = read_json(paired / "alignment_report.json") or read_json(run / "twin" / "summary.json")
+    report = read_json(paired / "alignment_report.json") or read_json(layout.twin_summary)
     if al is None and report is None:
         rep.absent("not run: no twin alignment in this run folder (paired/twin_alignment.json, written by "
                    "`comsim twin replay`)")
@@ -94,7 +96,7 @@ def _calibration(rep: Report, run: Path, paired: Path, calib: dict) -> None:
     else:
         rep.absent("calibration overlays not written: the replay calibrated from "
                    f"{calib.get('source', '?')} without writing overlays; `comsim twin calibrate STILLS --out "
-                   f"{run / 'twin' / 'calibration'}` writes them (and a calibration.json for --calibration)")
+                   f"{RunLayout(run).twin / 'calibration'}` writes them (and a calibration.json for --calibration)")
 
 
 def _reason(o) -> str:
@@ -109,7 +111,7 @@ def _calibration_overlays(run: Path, paired: Path, calib: dict) -> list[Path]:
     src = calib.get("source")
     if src and str(src).endswith(".json"):
         places.append(Path(src).parent / "overlays")
-    places += [run / "twin" / "calibration" / "overlays"]
+    places += [RunLayout(run).twin / "calibration" / "overlays"]
     for d in places:
         found = sorted(d.glob("*.png")) if d.is_dir() else []
         if found:
