@@ -24,7 +24,7 @@ from comsim.io.lerobot import write_dataset
 from comsim.io.video import write_video
 from comsim.report import Report
 from comsim.report.run import build_report
-from comsim.twin.report import write_overlay
+from comsim.twin.overlay import write_overlay
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 MAGENTA = (255, 0, 255)  # the sim clips' square: a colour the page itself never uses

@@ -21,12 +21,11 @@ Given K, joint angles and robot masks for a few frames (``frames.py`` loads them
 rendered silhouette's outline) when the fit converged; otherwise it writes
 ``calibration_rejected.json`` with the best pose and IoU it found and says so.
 
-Also here: ``solve_pnp`` for users with 2D-3D point pairs, and
-``intrinsics_from_checkerboard`` for users without K.
+Also here: ``solve_pnp`` for users with 2D-3D point pairs (``intrinsics_from_checkerboard``, for
+users without K, lives with the loading of the calibration folder in ``frames.py``).
 """
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -37,11 +36,12 @@ from scipy.optimize import linear_sum_assignment
 from comsim.io.files import read_json_object
 from comsim.io.paths import check_output_path
 from comsim.sim.camera import as_K, as_rigid, look_at
-from comsim.twin.frames import CalibrationDataError, CalibrationFrames, load_calibration_folder
+from comsim.twin.frames import (CalibrationDataError, CalibrationFrames, intrinsics_from_checkerboard,
+                                load_calibration_folder)
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, perturb, pose_error,
                                   refine_contour, trimmed_mean)
 from comsim.io.files import write_json
-from comsim.twin.report import write_overlay
+from comsim.twin.overlay import write_overlay
 from comsim.twin.silhouette import RobotSilhouette
 
 # A frame is "unsynchronized" when another frame's joint vector explains its mask better
@@ -363,48 +363,6 @@ def solve_pnp(points_2d, points_3d, K, dist=None, ransac: bool = True) -> tuple[
     T[:3, :3] = cv2.Rodrigues(rvec)[0]
     T[:3, 3] = tvec.reshape(3)
     return T, inliers
-
-
-def intrinsics_from_checkerboard(folder, inner_corners=None, square_size_m=None) -> tuple[np.ndarray, np.ndarray]:
-    """K (fx, fy, cx, cy) and OpenCV distortion from checkerboard images.
-
-    ``folder`` holds the images and, unless given here, ``board.json`` with
-    ``{"inner_corners": [cols, rows], "square_size_m": s}``.
-    """
-    folder = Path(folder)
-    meta = folder / "board.json"
-    if inner_corners is None or square_size_m is None:
-        if not meta.is_file():
-            raise CalibrationDataError(f"{meta}: file not found (inner_corners and square_size_m of the board)")
-        b = json.loads(meta.read_text())
-        try:
-            inner_corners, square_size_m = b["inner_corners"], b["square_size_m"]
-        except KeyError as e:
-            raise CalibrationDataError(f"{meta}: missing field {e}") from None
-    cols, rows = (int(v) for v in inner_corners)
-    grid = np.zeros((cols * rows, 3), np.float32)
-    grid[:, :2] = np.mgrid[0:cols, 0:rows].T.reshape(-1, 2) * float(square_size_m)
-    obj, img, size = [], [], None
-    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
-    for p in paths:
-        gray = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
-        if gray is None:
-            raise CalibrationDataError(f"{p}: not a readable image")
-        if size is not None and gray.shape[::-1] != size:
-            raise CalibrationDataError(f"{p}: {gray.shape[1]}x{gray.shape[0]}, other board images are {size[0]}x{size[1]}")
-        size = gray.shape[::-1]
-        ok, corners = cv2.findChessboardCorners(gray, (cols, rows))
-        if not ok:
-            continue
-        corners = cv2.cornerSubPix(gray, corners, (5, 5), (-1, -1),
-                                   (cv2.TERM_CRITERIA_EPS + cv2.TERM_CRITERIA_MAX_ITER, 50, 1e-4))
-        obj.append(grid)
-        img.append(corners)
-    if len(obj) < 3:
-        raise CalibrationDataError(f"{folder}: the {cols}x{rows} board was found in {len(obj)} of {len(paths)} "
-                                   "images; at least 3 are needed")
-    rms, Km, dist, _, _ = cv2.calibrateCamera(obj, img, size, None, None)
-    return np.array([Km[0, 0], Km[1, 1], Km[0, 2], Km[1, 2]]), dist.reshape(-1)
 
 
 __all__ = ["calibrate_camera", "calibrate_folder", "flag_frames", "intrinsics_from_checkerboard",

@@ -106,7 +106,6 @@ def _intrinsics(folder: Path, width: int, height: int) -> tuple[np.ndarray, np.n
     elif ktxt.is_file():
         K, where = np.loadtxt(ktxt), str(ktxt)
     elif board.is_dir():
-        from comsim.twin.calibrate import intrinsics_from_checkerboard
         K, dist = intrinsics_from_checkerboard(board)
         where = str(board)
     else:
@@ -190,3 +189,45 @@ def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
     return CalibrationFrames(names=names, images=np.stack(images), masks=np.stack(masks), joints=np.stack(joints),
                              fingers=np.stack(fingers), K=K, dist=dist, init_T=init_T, folder=folder,
                              background=background)
+
+
+def intrinsics_from_checkerboard(folder, inner_corners=None, square_size_m=None) -> tuple[np.ndarray, np.ndarray]:
+    """K (fx, fy, cx, cy) and OpenCV distortion from checkerboard images.
+
+    ``folder`` holds the images and, unless given here, ``board.json`` with
+    ``{"inner_corners": [cols, rows], "square_size_m": s}``.
+    """
+    folder = Path(folder)
+    meta = folder / "board.json"
+    if inner_corners is None or square_size_m is None:
+        if not meta.is_file():
+            raise CalibrationDataError(f"{meta}: file not found (inner_corners and square_size_m of the board)")
+        b = json.loads(meta.read_text())
+        try:
+            inner_corners, square_size_m = b["inner_corners"], b["square_size_m"]
+        except KeyError as e:
+            raise CalibrationDataError(f"{meta}: missing field {e}") from None
+    cols, rows = (int(v) for v in inner_corners)
+    grid = np.zeros((cols * rows, 3), np.float32)
+    grid[:, :2] = np.mgrid[0:cols, 0:rows].T.reshape(-1, 2) * float(square_size_m)
+    obj, img, size = [], [], None
+    paths = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))
+    for p in paths:
+        gray = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
+        if gray is None:
+            raise CalibrationDataError(f"{p}: not a readable image")
+        if size is not None and gray.shape[::-1] != size:
+            raise CalibrationDataError(f"{p}: {gray.shape[1]}x{gray.shape[0]}, other board images are {size[0]}x{size[1]}")
+        size = gray.shape[::-1]
+        ok, corners = cv2.findChessboardCorners(gray, (cols, rows))
+        if not ok:
+            continue
+        corners = cv2.cornerSubPix(gray, corners, (5, 5), (-1, -1),
+                                   (cv2.TERM_CRITERIA_EPS + cv2.TERM_CRITERIA_MAX_ITER, 50, 1e-4))
+        obj.append(grid)
+        img.append(corners)
+    if len(obj) < 3:
+        raise CalibrationDataError(f"{folder}: the {cols}x{rows} board was found in {len(obj)} of {len(paths)} "
+                                   "images; at least 3 are needed")
+    rms, Km, dist, _, _ = cv2.calibrateCamera(obj, img, size, None, None)
+    return np.array([Km[0, 0], Km[1, 1], Km[0, 2], Km[1, 2]]), dist.reshape(-1)

@@ -298,5 +298,5 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
 
 def _report(out: Path, real: Path, wanted: bool, log) -> None:
     if wanted and not (out / "alignment_report.json").is_file():
-        from comsim.twin.report import alignment_report
+        from comsim.twin.alignment_report import alignment_report
         alignment_report(out, real, log=log)

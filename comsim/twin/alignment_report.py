@@ -1,7 +1,8 @@
-"""Scoring for ``report.alignment_report``: IoU against derived masks and, in the lab, the truth.
+"""The twin's alignment report of a paired dataset: IoU against derived masks and, in the lab, the truth.
 
 Kept apart from the aligning code on purpose: this is the only twin module that opens a
-lab recording's hidden truth (``lab_truth.json``), and only to score.
+lab recording's hidden truth (``lab_truth.json``), and only to score. (The HTML report of a
+whole run is ``comsim.report``; its twin section reads the alignment_report.json written here.)
 """
 from __future__ import annotations
 
@@ -19,8 +20,28 @@ from comsim.twin.frames import undistort, undistort_maps
 from comsim.twin.localize import symmetry, yaw_error
 from comsim.twin.masks import derive_masks
 from comsim.twin.pose_fit import iou, pose_error
-from comsim.twin.report import write_overlay
+from comsim.io.files import write_json
+from comsim.twin.overlay import write_overlay
 from comsim.twin.silhouette import RobotSilhouette
+
+
+def alignment_report(paired, real=None, out=None, frames_per_episode: int = 4, overlays: int = 4,
+                     log=print) -> dict:
+    """Per-dataset alignment report of a paired dataset written by ``replay_dataset``.
+
+    Always: per-episode robot-mask IoU between the twin's silhouette and masks derived from
+    the real frames (``masks.py``). Where ground truth exists (a lab recording: the real
+    dataset has ``lab_truth.json``), also IoU against the TRUE robot masks, the camera
+    pose error, each object's initial position / yaw error and its trajectory error in
+    the replay. Hidden truth is read HERE ONLY, for scoring, never for aligning.
+    Writes ``OUT/alignment_report.json`` and overlays ``OUT/report/*.png`` (OUT: the
+    paired dataset by default).
+    """
+    paired = Path(paired)
+    out = Path(out) if out is not None else paired
+    rep = score(paired, real, frames_per_episode, overlays, out / "report", log)
+    write_json(rep, out / "alignment_report.json")
+    return rep
 
 
 def _lab_truth(real: Path):

@@ -1,4 +1,4 @@
-"""Files the twin writes: JSON (atomically) and overlay PNGs of silhouettes on real frames."""
+"""Overlay PNGs the twin writes: silhouette outlines on real frames (written atomically)."""
 from __future__ import annotations
 
 import os
@@ -6,8 +6,6 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-
-from comsim.io.files import write_json
 
 
 def outline(mask: np.ndarray, thickness: int = 1) -> np.ndarray:
@@ -45,27 +43,3 @@ def write_png(path, rgb: np.ndarray) -> Path:
 
 def write_overlay(path, image, rendered, observed=None, label: str = "") -> Path:
     return write_png(path, overlay_image(image, rendered, observed, label))
-
-
-# ----------------------------------------------------------------- the alignment report
-
-
-def alignment_report(paired, real=None, out=None, frames_per_episode: int = 4, overlays: int = 4,
-                     log=print) -> dict:
-    """Per-dataset alignment report of a paired dataset written by ``replay_dataset``.
-
-    Always: per-episode robot-mask IoU between the twin's silhouette and masks derived from
-    the real frames (``masks.py``). Where ground truth exists (a lab recording: the real
-    dataset has ``lab_truth.json``), also IoU against the TRUE robot masks, the camera
-    pose error, each object's initial position / yaw error and its trajectory error in
-    the replay. Hidden truth is read HERE ONLY, for scoring, never for aligning.
-    Writes ``OUT/alignment_report.json`` and overlays ``OUT/report/*.png`` (OUT: the
-    paired dataset by default).
-    """
-    from comsim.twin import report_scoring as S
-
-    paired = Path(paired)
-    out = Path(out) if out is not None else paired
-    rep = S.score(paired, real, frames_per_episode, overlays, out / "report", log)
-    write_json(rep, out / "alignment_report.json")
-    return rep
