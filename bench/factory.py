@@ -140,11 +140,11 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
                        state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
 
     g = {"w_action": 1.0, "w_sim": 1.0, "steps": lin_steps, "strength": 1.0}
-    convert_episode(pipe, cut(eps[:1]), 0, 0, g, "h", "bench")  # warm-up
+    convert_episode(pipe, cut(eps[:1]), 0, 0, g, "bench")  # warm-up
     wall, cpu = {"L": [], "4L": []}, {"L": [], "4L": []}
     for _ in range(repeats):  # alternate, so that drifts in the machine's load hit both
         for name, ep in (("L", cut(eps[:1])), ("4L", cut(eps))):
-            w, c = _timed(lambda: convert_episode(pipe, ep, 0, 0, g, "h", "bench"))
+            w, c = _timed(lambda: convert_episode(pipe, ep, 0, 0, g, "bench"))
             wall[name].append(w)
             cpu[name].append(c)
     out.update({"linearity_steps": lin_steps, "L_frames": L, "time_L_s": round(min(wall["L"]), 3),

@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 
-from comsim.translator.data import resize_video
+from comsim.episode import resize_frames
 from comsim.translator.pipeline import TranslatorPipeline
 from comsim.translator.synthetic import action_consistency
 from comsim.metrics.frame import psnr as frame_psnr
@@ -72,8 +72,8 @@ def held_out_episodes(cfg, max_frames: int):
         src = val.sources[s]
         n = min(src.episode_length(e), max_frames)
         ep = src.read_window(e, 0, n, cameras=keys)
-        out.append({"real": resize_video(ep.frames[keys[0]], val.resolution),
-                    "sim": resize_video(ep.frames[keys[1]], val.resolution), "action": ep.action,
+        out.append({"real": resize_frames(ep.frames[keys[0]], val.resolution),
+                    "sim": resize_frames(ep.frames[keys[1]], val.resolution), "action": ep.action,
                     "source": s, "episode": e, "n": n})
     return out
 
@@ -108,7 +108,7 @@ def labelled_training_episodes(cfg, n: int):
 
 def robot_masks(seg: np.ndarray, size) -> np.ndarray:
     """Twin palette labels (T, H, W, 3) -> bool robot masks (T, *size): robot covers >= half a pixel."""
-    from comsim.translator.data import resize_video as rv
+    from comsim.episode import resize_frames as rv
 
     robot = np.all(np.abs(seg.astype(np.int16) - 255) < 64, axis=-1)  # label 1 is white (twin SEG_PALETTE)
     m = rv(np.repeat(robot[..., None].astype(np.uint8) * 255, 3, -1), tuple(size))[..., 0]
@@ -127,11 +127,11 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
     ref_ious = []
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        real, m = resize_video(ep.frames[cam], res), robot_masks(ep.frames[seg_key], res)
+        real, m = resize_frames(ep.frames[cam], res), robot_masks(ep.frames[seg_key], res)
         model.update(real, m)
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        ref_ious.append(float(mask_iou(model.predict(resize_video(ep.frames[cam], res)),
+        ref_ious.append(float(mask_iou(model.predict(resize_frames(ep.frames[cam], res)),
                                        robot_masks(ep.frames[seg_key], res)).mean()))
     masks = []
     for ep in episodes:
@@ -201,7 +201,7 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[cam, f"{cam}_sim"])
         reals.append(w.frames[cam]), sims.append(w.frames[f"{cam}_sim"])
     size = reals[0].shape[1:3]
-    ups = {m: [resize_video(g, size) for g in gs] for m, gs in gens.items()}
+    ups = {m: [resize_frames(g, size) for g in gs] for m, gs in gens.items()}
     out = {"psnr": {"sim": round(psnr_frames(zip(sims, reals)), 2)}, "resolution": list(size)}
     for m, gs in ups.items():
         out["psnr"][m] = round(psnr_frames(zip(gs, reals)), 2)
@@ -227,11 +227,11 @@ def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict 
     model = FidelityModel()
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        model.update(resize_video(ep.frames[cam], res), labels_from_palette(resize_video(ep.frames[seg_key], res)))
+        model.update(resize_frames(ep.frames[cam], res), labels_from_palette(resize_frames(ep.frames[seg_key], res)))
     labels = []
     for ep in episodes:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])
-        labels.append(labels_from_palette(resize_video(w.frames[seg_key], res)))
+        labels.append(labels_from_palette(resize_frames(w.frames[seg_key], res)))
     out = {"resolution": list(res), "real_ceiling": pool([object_fidelity(e["real"], lab, model)
                                                           for e, lab in zip(episodes, labels)])}
     out["sim_render"] = pool([object_fidelity(e["sim"], lab, model) for e, lab in zip(episodes, labels)])

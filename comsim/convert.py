@@ -6,7 +6,8 @@
 Every episode of the input (``observation.images.<cam>_sim``, actions, states, success)
 becomes an output episode with ``observation.images.<cam>`` = the translator's frames (at
 the translator's resolution) next to the untouched ``<cam>_sim`` (and control) videos, and
-``Provenance(source="pseudo_real", translator_hash, guidance, seed)``.
+``Provenance(source="pseudo_real", translator_hash, guidance, seed)`` (the episode is made by
+``TranslatorPipeline.translate_episode``; its guidance: w_action, w_sim, num_steps, strength).
 
 Determinism: episode ``k`` is translated with seed ``episode_seed(seed, k)`` and a fixed
 number of torch threads per process (``threads``, default 1): the same episode gives the
@@ -26,7 +27,6 @@ videos or frame rate differ from the translator's, or an input that already has 
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -36,11 +36,11 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from comsim.episode import Episode, Provenance
+from comsim.episode import Episode, Provenance, episode_seed
 from comsim.errors import ComSimError
 from comsim.io.keys import control_key, sim_key
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
-from comsim.io.files import read_json_object, write_json
+from comsim.io.files import read_json_object, weights_hash, write_json
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
 
 HEADER_FILE = "conversion.json"
@@ -54,22 +54,13 @@ class ConversionError(ComSimError, ValueError):
     """The input dataset does not fit the translator (or the output belongs to another conversion)."""
 
 
-def episode_seed(base_seed: int, index: int) -> int:
-    """Translation seed of episode ``index``: independent of sharding and of resumes."""
-    return int(np.random.SeedSequence([int(base_seed), int(index)]).generate_state(1)[0])
-
-
 def translator_hash(model_dir: Path) -> str:
     """The checkpoint hash recorded in provenance: sha256 of the transformer weights (the same
     value as ``TranslatorPipeline.checkpoint_hash``), computed without loading torch."""
     weights = Path(model_dir) / "transformer" / "diffusion_pytorch_model.safetensors"
     if not weights.is_file():
         raise ConversionError(f"{weights}: file not found (not a translator pipeline folder?)")
-    h = hashlib.sha256()
-    with open(weights, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+    return weights_hash(weights)
 
 
 def translator_meta(model_dir: Path) -> dict:
@@ -159,30 +150,23 @@ def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
     return _WORKER["pipe"], _WORKER["ds"]
 
 
-def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, t_hash: str,
-                    source: str) -> Episode:
-    """One sim episode -> its pseudo-real version (the sim and control videos kept as they are)."""
-    from comsim.translator.data import resize_video
-
-    cam, res = pipe.camera, tuple(pipe.resolution)
-    sim = resize_video(ep.frames[sim_key(cam)], res)
-    controls = {c: resize_video(ep.frames[control_key(cam, c)], res) for c in pipe.controls} or None
-    s = episode_seed(seed, index)
-    frames = pipe(sim, ep.action, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
-                  num_steps=guidance["steps"], strength=guidance["strength"], seed=s, controls=controls)
-    src = ep.provenance
-    prov = Provenance(source="pseudo_real", task=src.task, seed=s, twin_spec_hash=src.twin_spec_hash,
-                      translator_hash=t_hash, guidance=dict(guidance),
-                      extra={"source_dataset": source, "source_episode": index, "sim_seed": src.seed,
-                             "sim_provenance": src.to_dict()})
-    return Episode(frames={**ep.frames, cam: frames}, action=ep.action, state=ep.state, fps=ep.fps,
-                   timestamps=ep.timestamps, task=ep.task, success=ep.success, provenance=prov, extra=dict(ep.extra))
+def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, source: str) -> Episode:
+    """Episode ``index`` of the sim dataset ``source`` -> its pseudo-real version
+    (``TranslatorPipeline.translate_episode``, seeded with ``episode_seed(seed, index)``); ``guidance``
+    is the conversion header's {w_action, w_sim, steps, strength}."""
+    return pipe.translate_episode(ep, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
+                                  num_steps=guidance["steps"], strength=guidance["strength"],
+                                  seed=episode_seed(seed, index),
+                                  extra={"source_dataset": str(source), "source_episode": int(index)})
 
 
 def _work(args) -> int:
     model_dir, input_dir, output_dir, fps, index, seed, guidance, t_hash, device, threads = args
     pipe, ds = _load_worker(model_dir, input_dir, device, threads)
-    ep = convert_episode(pipe, ds.read_episode(index), index, seed, guidance, t_hash, input_dir)
+    if pipe.checkpoint_hash != t_hash:  # provenance must name the weights that made the frames
+        raise ConversionError(f"{model_dir}: the translator's weights changed during the conversion "
+                              f"(hash {pipe.checkpoint_hash}, the conversion started with {t_hash})")
+    ep = convert_episode(pipe, ds.read_episode(index), index, seed, guidance, input_dir)
     DatasetWriter(output_dir, fps, resume=True).add_episode(ep, episode_index=index)
     return len(ep)
 

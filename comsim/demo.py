@@ -199,15 +199,16 @@ def _metrics(model_dir: Path, run: RunLayout, converted: dict) -> dict:
     pseudo_dir, sim_dir, real_dir = (run.heldout_part(k) for k in ("pseudo", "sim_only", "real"))
     heldout = _heldout_indices(paired_dir)
     if not _done(pseudo_dir):
-        from comsim.translator.data import resize_video
+        from comsim.episode import resize_frames
 
         writers = {k: DatasetWriter(run.heldout_part(k), ds.fps) for k in ("pseudo", "sim_only", "real")}
         for j, i in enumerate(heldout):
             ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg])
-            sim = resize_video(ep.frames[sim_key(cam)], (H, W))
-            real = resize_video(ep.frames[cam], (H, W))
-            fake = pipe(sim, ep.action, seed=i)
-            for k, frames in (("pseudo", fake), ("sim_only", sim), ("real", real)):
+            writers["pseudo"].add_episode(pipe.translate_episode(ep, seed=i), episode_index=j)
+            # the raw twin render and the lab frames, at the translator's resolution, to score against
+            sim = resize_frames(ep.frames[sim_key(cam)], (H, W))
+            real = resize_frames(ep.frames[cam], (H, W))
+            for k, frames in (("sim_only", sim), ("real", real)):
                 ep_k = type(ep)(frames={cam: frames, seg: ep.frames[seg]}, action=ep.action, state=ep.state,
                                 fps=ep.fps, task=ep.task, provenance=ep.provenance)
                 writers[k].add_episode(ep_k, episode_index=j)

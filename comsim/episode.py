@@ -83,3 +83,26 @@ class Episode:
 def hash_dict(d: dict) -> str:
     """Short stable hash of a JSON-able dict (twin specs, configs)."""
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def episode_seed(seed: int, index: int, *streams: int) -> int:
+    """Seed of episode ``index`` of a run started with ``seed`` (lab recordings, factory episodes and their
+    retries, conversions): a SeedSequence of the integers, so neighbouring runs and episodes draw
+    independent streams, and an episode's seed does not depend on which process or shard made it."""
+    return int(np.random.SeedSequence([int(seed), int(index), *(int(s) for s in streams)]).generate_state(1)[0])
+
+
+def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """uint8 (..., H, W, 3) -> uint8 (..., h, w, 3) for ``size`` = (h, w): area averaging when shrinking
+    (OpenCV INTER_AREA), bilinear when enlarging; the frames themselves when the size is already right."""
+    import cv2
+
+    h, w = (int(v) for v in size)
+    frames = np.asarray(frames)
+    if frames.shape[-3:-1] == (h, w):
+        return np.ascontiguousarray(frames)
+    shrink = h <= frames.shape[-3] and w <= frames.shape[-2]
+    mode = cv2.INTER_AREA if shrink else cv2.INTER_LINEAR
+    flat = frames.reshape(-1, *frames.shape[-3:])
+    out = np.stack([cv2.resize(np.ascontiguousarray(f), (w, h), interpolation=mode) for f in flat])
+    return out.reshape(*frames.shape[:-3], h, w, frames.shape[-1])

@@ -127,7 +127,7 @@ def test_converted_episodes_keep_sim_and_record_provenance(reference, sim_datase
         p = e.provenance
         assert p.source == "pseudo_real" and p.translator_hash == translator_hash(micro)
         assert p.translator_hash == TranslatorPipeline.from_pretrained(micro).checkpoint_hash
-        assert p.guidance == {"w_action": 1.5, "w_sim": 2.0, "steps": 6, "strength": 1.0}
+        assert p.guidance == {"w_action": 1.5, "w_sim": 2.0, "num_steps": 6, "strength": 1.0}
         assert p.seed == episode_seed(3, i) and p.task == "reach" and p.twin_spec_hash == s.provenance.twin_spec_hash
         assert p.extra["source_episode"] == i and p.extra["sim_seed"] == s.provenance.seed
 
@@ -153,8 +153,8 @@ def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, 
     pipe = TranslatorPipeline.from_pretrained(micro)
     ep = LeRobotDataset(sim_dataset)[2]
     guidance = {k: ARGS[k] for k in ("w_action", "w_sim", "steps", "strength")}
-    a = convert_episode(pipe, ep, 2, 3, guidance, "h", "x").frames["front"]
-    b = convert_episode(pipe, ep, 2, 3, guidance, "h", "x").frames["front"]
+    a = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
+    b = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     assert np.array_equal(a, b)
     again = convert_dataset(micro, sim_dataset, reference, progress=False, **ARGS)
     assert again["converted_now"] == 0

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from comsim.episode import episode_seed
 from comsim.factory.expert import prepare_setup, robot_only_scene, run_episode, vet_setup
 from comsim.factory.generate import generate_dataset
-from comsim.factory.layout import episode_seed, ood_fraction, sample_setup
+from comsim.factory.layout import ood_fraction, sample_setup
 from comsim.factory.program import ProgramError, load_program
 from comsim.io.lerobot import LeRobotDataset
 from comsim.sim.camera import project_points

@@ -60,7 +60,7 @@ def make_episode(task_path: str, index: int, seed: int, split: str, only_success
     """Episode ``index``: attempts until one succeeds (only_success) or just one. Returns
     (EpisodeResult of the kept attempt, list of discarded attempts)."""
     from comsim.factory.expert import prepare_setup, run_episode
-    from comsim.factory.layout import episode_seed
+    from comsim.episode import episode_seed
 
     program, robot, twin_hash = _worker_state(task_path)
     discarded = []
@@ -100,7 +100,7 @@ def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int 
     """Load a task and vet ``layouts`` of its episodes with IK: a task whose regions or targets are
     out of reach fails here (ProgramError naming the line), before anything is written."""
     from comsim.factory.expert import prepare_setup, robot_only_scene
-    from comsim.factory.layout import episode_seed
+    from comsim.episode import episode_seed
     from comsim.factory.program import load_program
 
     program = load_program(task)

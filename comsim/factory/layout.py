@@ -32,11 +32,6 @@ MARKER_PREFIX = "marker/"  # target discs: visual only, label 0 (background) in 
 SPLITS = ("id", "ood")
 
 
-def episode_seed(base_seed: int, index: int, attempt: int = 0) -> int:
-    """Seed of episode ``index`` (retry ``attempt``) of a run started with ``base_seed``."""
-    return int(np.random.SeedSequence([int(base_seed), int(index), int(attempt)]).generate_state(1)[0])
-
-
 @dataclass
 class ObjectInstance:
     """A concrete object: shape, size (m), colour. Sizes follow ``ObjectRole.size``."""

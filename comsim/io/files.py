@@ -6,6 +6,7 @@ lets long jobs resume by looking at what is on disk.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import uuid
@@ -32,6 +33,15 @@ def atomic_output(path: str | Path):
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def weights_hash(path: str | Path) -> str:
+    """The checkpoint hash that provenance records: the first 16 hex digits of the file's sha256."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
 
 
 def read_json_object(path: str | Path, error: type[Exception], expected: str = "a JSON object") -> dict:

@@ -178,14 +178,14 @@ def fit_fidelity_model(paired, camera: str = "front", episodes=None, size: tuple
     """A FidelityModel fit on a paired dataset's REAL frames (``camera``) with the twin's labels
     (``<camera>_sim_seg``), at ``size`` (default: the real frames' own)."""
     from comsim.io.lerobot import LeRobotDataset
-    from comsim.translator.data import resize_video
+    from comsim.episode import resize_frames
 
     ds = paired if isinstance(paired, LeRobotDataset) else LeRobotDataset(paired)
     _need(ds, [camera, seg_key(camera)], "the paired dataset the colour models are fit on")
     model = FidelityModel()
     for e in (range(len(ds)) if episodes is None else episodes):
         ep = ds.read_episode(e, cameras=[camera, seg_key(camera)])
-        real = ep.frames[camera] if size is None else resize_video(ep.frames[camera], tuple(size))
+        real = ep.frames[camera] if size is None else resize_frames(ep.frames[camera], tuple(size))
         model.update(real, _labels_at(ep.frames[seg_key(camera)], real.shape[1:3]))
     return model
 

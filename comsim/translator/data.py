@@ -17,22 +17,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from comsim.episode import Episode
+from comsim.episode import Episode, resize_frames
 from comsim.io.keys import control_key, sim_key
 
 
 # -- frames ---------------------------------------------------------------------------------
-def resize_video(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """uint8 (T, H, W, 3) -> uint8 (T, *size, 3); area averaging when shrinking."""
-    if tuple(frames.shape[1:3]) == tuple(size):
-        return frames
-    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
-    shrink = size[0] <= frames.shape[1] and size[1] <= frames.shape[2]
-    x = F.interpolate(x, size=size, mode="area") if shrink else F.interpolate(x, size=size, mode="bilinear",
-                                                                             antialias=True, align_corners=False)
-    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-
-
 def video_to_tensor(frames: np.ndarray) -> torch.Tensor:
     """uint8 (..., T, H, W, 3) -> float (..., 3, T, H, W) in [-1, 1]."""
     x = torch.from_numpy(np.ascontiguousarray(frames)).float() / 127.5 - 1.0
@@ -141,7 +130,7 @@ def preload_source(src, cameras: list[str], resolution: tuple[int, int]):
     eps = []
     for i in range(len(ds)):
         ep = ds.read_episode(i, cameras=cameras)
-        eps.append(dataclasses.replace(ep, frames={k: resize_video(v, resolution) for k, v in ep.frames.items()},
+        eps.append(dataclasses.replace(ep, frames={k: resize_frames(v, resolution) for k, v in ep.frames.items()},
                                        extra={}))
     out = _EpisodeSource(eps)
     out.fps = float(getattr(ds, "fps", out.fps))
@@ -216,7 +205,7 @@ class PairedWindowDataset(torch.utils.data.Dataset):
         if ep.action.shape[1] != self.normalizer.dim:
             raise ValueError(f"source {s} episode {e}: action_dim {ep.action.shape[1]}, the normalizer has "
                              f"{self.normalizer.dim}")
-        vids = [video_to_tensor(resize_video(ep.frames[k], self.resolution)) for k in self.keys]
+        vids = [video_to_tensor(resize_frames(ep.frames[k], self.resolution)) for k in self.keys]
         return {"target": vids[0], "sim": torch.cat(vids[1:]), "episode": torch.tensor([s, e, t]),
                 "actions": torch.from_numpy(self.normalizer.normalize(ep.action))}
 

@@ -18,7 +18,6 @@ step, and the overlap is cross-faded linearly, so no seam shows.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -27,7 +26,9 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from comsim.episode import Episode, Provenance, resize_frames
 from comsim.errors import ComSimError
+from comsim.io.files import weights_hash
 from comsim.io.keys import control_key, sim_key
 from comsim.translator.codec import load_codec
 from comsim.translator.data import ActionNormalizer, encode_condition, tensor_to_video, video_to_tensor
@@ -130,7 +131,7 @@ class TranslatorPipeline:
                    controls=tuple(meta.get("controls", ())), fps=meta.get("fps", 10.0),
                    provenance=meta.get("provenance"), sampling=meta.get("sampling"))
         weights = directory / "transformer" / "diffusion_pytorch_model.safetensors"
-        pipe.checkpoint_hash = hashlib.sha256(weights.read_bytes()).hexdigest()[:16] if weights.is_file() else None
+        pipe.checkpoint_hash = weights_hash(weights) if weights.is_file() else None
         return pipe.to(device)
 
     def to(self, device=None, dtype=None) -> "TranslatorPipeline":
@@ -155,7 +156,7 @@ class TranslatorPipeline:
         if (H, W) != self.resolution:
             raise ValueError(f"sim_video frames are {H}x{W} (H x W) but this translator works at "
                              f"{self.resolution[0]}x{self.resolution[1]}: resize first, e.g. "
-                             f"comsim.translator.data.resize_video(frames, {self.resolution})")
+                             f"comsim.episode.resize_frames(frames, {self.resolution})")
         act = np.asarray(actions, dtype=np.float32)
         if act.ndim != (3 if batched else 2):
             raise ValueError(f"actions must be {'(B, T, A)' if batched else '(T, A)'} to go with sim_video "
@@ -311,30 +312,32 @@ class TranslatorPipeline:
         return frames if batched else frames[0]
 
     def translate_episode(self, episode, w_action: float | None = None, w_sim: float | None = None,
-                          num_steps: int | None = None, strength: float = 1.0, seed: int = 0, **kwargs):
-        """A pseudo-real Episode from a sim Episode (its ``<camera>_sim`` frames and actions).
+                          num_steps: int | None = None, strength: float = 1.0, seed: int = 0,
+                          extra: dict | None = None, **kwargs):
+        """A pseudo-real Episode from a sim or paired Episode (its ``<camera>_sim`` frames and actions).
 
-        Frames are resized to the translator's resolution; the result holds the generated
-        ``<camera>`` frames next to the (resized) sim ones, with provenance source ``pseudo_real``,
-        this translator's hash, the guidance weights and the seed.
+        The one place a pseudo-real episode is made (``comsim convert`` and the demo's held-out
+        episodes call it). The sim (and control) frames are resized to the translator's resolution
+        and translated; the result holds the episode's own frames, as they are, with ``<camera>``
+        replaced by the generated ones, and provenance: source ``pseudo_real``, this translator's
+        hash, ``guidance`` = {w_action, w_sim, num_steps, strength} as sampled, the seed, and in
+        ``extra`` the sim episode's seed and provenance (plus ``extra``).
         """
-        from comsim.episode import Episode, Provenance
-        from comsim.translator.data import resize_video
-
         key = sim_key(self.camera)
         if key not in episode.frames:
             raise ValueError(f"episode has no {key!r} frames (it has {sorted(episode.frames)})")
-        sim = resize_video(episode.frames[key], self.resolution)
-        controls = {c: resize_video(episode.frames[control_key(self.camera, c)], self.resolution) for c in self.controls
+        sim = resize_frames(episode.frames[key], self.resolution)
+        controls = {c: resize_frames(episode.frames[control_key(self.camera, c)], self.resolution) for c in self.controls
                     if control_key(self.camera, c) in episode.frames} or None
         w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
         frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
                       strength=strength, seed=seed, controls=controls, **kwargs)
         src = episode.provenance
-        prov = Provenance(source="pseudo_real", task=src.task, seed=seed, twin_spec_hash=src.twin_spec_hash,
+        prov = Provenance(source="pseudo_real", task=src.task, seed=int(seed), twin_spec_hash=src.twin_spec_hash,
                           translator_hash=getattr(self, "checkpoint_hash", None),
                           guidance={"w_action": w_action, "w_sim": w_sim, "num_steps": num_steps,
-                                    "strength": strength}, extra={"from_source": src.source})
-        return Episode(frames={self.camera: frames, key: sim}, action=episode.action, state=episode.state,
+                                    "strength": float(strength)},
+                          extra={"sim_seed": src.seed, "sim_provenance": src.to_dict(), **(extra or {})})
+        return Episode(frames={**episode.frames, self.camera: frames}, action=episode.action, state=episode.state,
                        fps=episode.fps, timestamps=episode.timestamps, task=episode.task,
-                       success=episode.success, provenance=prov)
+                       success=episode.success, provenance=prov, extra=dict(episode.extra))

@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
-from comsim.episode import Episode
+from comsim.episode import Episode, resize_frames
 from comsim.io.keys import control_key, sim_key
 from comsim.io.video import write_video
 from comsim.metrics.frame import psnr as frame_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
-                                    preload_source, resize_video, split_episodes)
+                                    preload_source, split_episodes)
 from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
@@ -577,9 +577,9 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
     for i in range(n):
         s, e, t = val_ds.index[i * max(1, len(val_ds) // n)]
         ep = val_ds.sources[s].read_window(e, t, val_ds.num_frames, cameras=val_ds.keys)
-        sim = resize_video(ep.frames[val_ds.keys[1]], val_ds.resolution)
-        real = resize_video(ep.frames[val_ds.keys[0]], val_ds.resolution)
-        controls = {c: resize_video(ep.frames[k], val_ds.resolution) for c, k in zip(cfg.data.controls, val_ds.keys[2:])}
+        sim = resize_frames(ep.frames[val_ds.keys[1]], val_ds.resolution)
+        real = resize_frames(ep.frames[val_ds.keys[0]], val_ds.resolution)
+        controls = {c: resize_frames(ep.frames[k], val_ds.resolution) for c, k in zip(cfg.data.controls, val_ds.keys[2:])}
         gen = pipe(sim, ep.action, w_action=cfg.sampling.w_action, w_sim=cfg.sampling.w_sim,
                    num_steps=cfg.sampling.num_steps, seed=cfg.train.seed, controls=controls or None)
         sims.append(sim), gens.append(gen), reals.append(real)
