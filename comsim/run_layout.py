@@ -55,7 +55,20 @@ class RunLayout:
     STAGES = STAGES
 
     def __init__(self, root: str | Path):
-        self.root = Path(root)
+        self.root = r = Path(root)
+        # the stage outputs
+        self.lab, self.paired, self.sim, self.pseudo_real = (self.output(s) for s in (LAB_RECORD, TWIN, FACTORY, CONVERT))
+        self.metrics, self.policy_results = self.output(VIDEO_METRICS), self.output(POLICY)
+        # and the folders and files around them
+        self.twin = r / "twin"
+        self.twin_summary = self.twin / "summary.json"
+        self.translator = r / "translator"
+        self.translator_final = self.output(TRANSLATOR).parent
+        self.sim_ood, self.pseudo_real_ood = r / "sim_ood", r / "pseudo_real_ood"
+        self.heldout = r / "heldout_pseudo_real"
+        self.policy = self.policy_results.parent
+        self.stages = r / "stages.json"
+        self.report, self.report_media = r / "report.html", r / "report_media"
 
     def output(self, stage: str) -> Path:
         """Where ``stage`` (one of the names above) writes its output."""
@@ -64,77 +77,8 @@ class RunLayout:
                 return self.root / s.output
         raise KeyError(f"no stage {stage!r}; the stages are {[s.name for s in STAGES]}")
 
-    # stage outputs, and the folders around them
-    @property
-    def lab(self) -> Path:
-        return self.output(LAB_RECORD)
-
-    @property
-    def paired(self) -> Path:
-        return self.output(TWIN)
-
-    @property
-    def twin(self) -> Path:
-        return self.root / "twin"
-
-    @property
-    def twin_summary(self) -> Path:
-        return self.twin / "summary.json"
-
-    @property
-    def translator(self) -> Path:
-        return self.root / "translator"
-
-    @property
-    def translator_final(self) -> Path:
-        return self.output(TRANSLATOR).parent
-
-    @property
-    def sim(self) -> Path:
-        return self.output(FACTORY)
-
-    @property
-    def sim_ood(self) -> Path:
-        return self.root / "sim_ood"
-
-    @property
-    def pseudo_real(self) -> Path:
-        return self.output(CONVERT)
-
-    @property
-    def pseudo_real_ood(self) -> Path:
-        return self.root / "pseudo_real_ood"
-
-    @property
-    def heldout(self) -> Path:
-        return self.root / "heldout_pseudo_real"
-
     def heldout_part(self, part: str) -> Path:
         """``pseudo`` (translated), ``sim_only`` (the twin render) or ``real`` (the lab frames)."""
         if part not in ("pseudo", "sim_only", "real"):
             raise KeyError(f"no held-out part {part!r}; the parts are pseudo, sim_only, real")
         return self.heldout / part
-
-    @property
-    def metrics(self) -> Path:
-        return self.output(VIDEO_METRICS)
-
-    @property
-    def policy(self) -> Path:
-        return self.output(POLICY).parent
-
-    @property
-    def policy_results(self) -> Path:
-        return self.output(POLICY)
-
-    @property
-    def stages(self) -> Path:
-        return self.root / "stages.json"
-
-    @property
-    def report(self) -> Path:
-        return self.root / "report.html"
-
-    @property
-    def report_media(self) -> Path:
-        return self.root / "report_media"
