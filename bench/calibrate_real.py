@@ -12,22 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+from scipy.optimize import minimize
 
-import numpy as np  # noqa: E402
-from scipy.optimize import minimize  # noqa: E402
-
-from comsim.twin.calibrate import calibrate_folder  # noqa: E402
-from comsim.twin.frames import load_calibration_folder  # noqa: E402
-from comsim.twin.pose_fit import MaskTargets, SilhouetteScorer, coarse_search, perturb  # noqa: E402
-from comsim.twin.silhouette import RobotSilhouette  # noqa: E402
+from comsim.twin.calibrate import calibrate_folder
+from comsim.twin.frames import load_calibration_folder
+from comsim.twin.pose_fit import MaskTargets, SilhouetteScorer, coarse_search, perturb
+from comsim.twin.silhouette import RobotSilhouette
 
 DEFAULT_FOLDER = Path(__file__).resolve().parents[2] / "shared" / "real" / "franka_easyhec"
 

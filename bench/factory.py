@@ -26,19 +26,15 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from comsim.factory.generate import generate_dataset  # noqa: E402
+from comsim.config import CONFIGS
+from comsim.factory.generate import generate_dataset
+from comsim.factory.program import TASKS_DIR
 
 
 def load() -> list[float]:
@@ -162,7 +158,7 @@ def _timed(fn) -> tuple[float, float]:
 
 
 def success_rates(n: int, tmp: Path) -> dict:
-    tasks = sorted(p.stem for p in (ROOT / "configs" / "tasks").glob("*.yaml"))
+    tasks = sorted(p.stem for p in TASKS_DIR.glob("*.yaml"))
     out = {}
     for task in tasks:
         for split in ("id", "ood"):
@@ -182,7 +178,7 @@ def main() -> None:
     ap.add_argument("--convert-episodes", type=int, default=2, help="episodes converted for frames/s")
     ap.add_argument("--steps", type=int, default=None, help="translator sampling steps for frames/s (default: "
                     "the translator's own)")
-    ap.add_argument("--translator", type=Path, default=ROOT / "configs" / "translator" / "tiny_lab.yaml",
+    ap.add_argument("--translator", type=Path, default=CONFIGS / "translator" / "tiny_lab.yaml",
                     help="translator config whose (randomly initialized) model is timed")
     ap.add_argument("--model", type=Path, default=None, help="a trained translator folder instead")
     ap.add_argument("--convert-workers", type=int, default=2)
@@ -218,4 +214,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     main()

@@ -20,19 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import scipy.linalg
+import torch
 
-import numpy as np  # noqa: E402
-import scipy.linalg  # noqa: E402
-import torch  # noqa: E402
-
-from comsim.metrics import (InceptionFeatures, fid, frechet_distance, gaussian_stats, lpips_distance, psnr,  # noqa: E402
-                            ssim)  # noqa: E402
+from comsim.metrics import (InceptionFeatures, fid, frechet_distance, gaussian_stats, lpips_distance, psnr,
+                            ssim)
 
 
 def frames(seed: int, n: int, size: int = 64) -> np.ndarray:

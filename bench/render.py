@@ -11,20 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from comsim.sim.render import SceneRenderer  # noqa: E402
-from comsim.sim.scene import Scene  # noqa: E402
-from comsim.sim.spec import load_scene_spec  # noqa: E402
-
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "twin" / "panda_cell.yaml"
+from comsim.config import PANDA_CELL
+from comsim.sim.render import SceneRenderer
+from comsim.sim.scene import Scene
+from comsim.sim.spec import load_scene_spec
 
 
 def twin_fps(config: Path, visual: str, size: int, frames: int) -> float:
@@ -81,7 +76,7 @@ CASES = [twin_cases, lab_cases]
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=300)
-    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--config", type=Path, default=PANDA_CELL)
     args = ap.parse_args(argv)
     results: dict[str, float] = {}
     for case in CASES:

@@ -46,20 +46,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-
 from comsim.episode import resize_frames
+from comsim.io.keys import seg_key as seg_key_of, sim_key
+from comsim.metrics.action import mask_iou, robot_masks_from_labels
+from comsim.metrics.frame import mean_psnr
 from comsim.translator.pipeline import TranslatorPipeline
 from comsim.translator.synthetic import action_consistency
-from comsim.metrics.frame import psnr as frame_psnr
 from comsim.translator.training import build_datasets, load_train_config, train
-
-
-def psnr_frames(pairs) -> float:
-    """PSNR per frame, then the mean over every frame of every (pred, ref) pair (comsim.metrics.frame)."""
-    return float(np.mean(np.concatenate([frame_psnr(a, b) for a, b in pairs])))
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def held_out_episodes(cfg, max_frames: int):
@@ -98,7 +91,7 @@ def labelled_training_episodes(cfg, n: int):
     from comsim.translator.data import split_episodes
 
     cam, res = cfg.data.camera, tuple(cfg.data.resolution)
-    seg_key = f"{cam}_sim_seg"
+    seg_key = seg_key_of(cam)
     sources = [LeRobotDataset(p) for p in cfg.data.paths]
     if seg_key not in sources[0].camera_keys:
         return None
@@ -106,18 +99,9 @@ def labelled_training_episodes(cfg, n: int):
     return cam, res, seg_key, sources, train_eps[::max(1, len(train_eps) // n)][:n]
 
 
-def robot_masks(seg: np.ndarray, size) -> np.ndarray:
-    """Twin palette labels (T, H, W, 3) -> bool robot masks (T, *size): robot covers >= half a pixel."""
-    from comsim.episode import resize_frames as rv
-
-    robot = np.all(np.abs(seg.astype(np.int16) - 255) < 64, axis=-1)  # label 1 is white (twin SEG_PALETTE)
-    m = rv(np.repeat(robot[..., None].astype(np.uint8) * 255, 3, -1), tuple(size))[..., 0]
-    return m >= 128
-
-
 def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int = 8) -> dict:
     """Action-only samples with ANOTHER held-out episode's actions vs the twin's robot masks of it."""
-    from comsim.metrics.action import RobotColourModel, mask_iou
+    from comsim.metrics.action import RobotColourModel
 
     labelled = labelled_training_episodes(cfg, fit_episodes)
     if labelled is None:
@@ -127,23 +111,23 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
     ref_ious = []
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        real, m = resize_frames(ep.frames[cam], res), robot_masks(ep.frames[seg_key], res)
+        real, m = resize_frames(ep.frames[cam], res), robot_masks_from_labels(ep.frames[seg_key], res)
         model.update(real, m)
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
         ref_ious.append(float(mask_iou(model.predict(resize_frames(ep.frames[cam], res)),
-                                       robot_masks(ep.frames[seg_key], res)).mean()))
+                                       robot_masks_from_labels(ep.frames[seg_key], res)).mean()))
     masks = []
     for ep in episodes:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])
-        masks.append(robot_masks(w.frames[seg_key], res))
+        masks.append(robot_masks_from_labels(w.frames[seg_key], res))
     # The robot's base and shoulder sit at the same pixels in every episode: pixels that are robot in
     # every frame of every held-out episode are left out of the "moving" IoU, which scores the parts
     # the actions move.
     static = np.all(np.concatenate(masks), axis=0)
 
     def ious(pred, ref):
-        return float(mask_iou(pred, ref).mean()), float(mask_iou(pred & ~static, ref & ~static).mean())
+        return float(mask_iou(pred, ref).mean()), float(mask_iou(pred, ref, ignore=static).mean())
 
     # pair each held-out episode with the held-out episode whose robot motion differs most from its own
     partner = []
@@ -198,13 +182,13 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
     sources = [LeRobotDataset(p) for p in cfg.data.paths]
     reals, sims = [], []
     for ep in episodes:
-        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[cam, f"{cam}_sim"])
-        reals.append(w.frames[cam]), sims.append(w.frames[f"{cam}_sim"])
+        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[cam, sim_key(cam)])
+        reals.append(w.frames[cam]), sims.append(w.frames[sim_key(cam)])
     size = reals[0].shape[1:3]
     ups = {m: [resize_frames(g, size) for g in gs] for m, gs in gens.items()}
-    out = {"psnr": {"sim": round(psnr_frames(zip(sims, reals)), 2)}, "resolution": list(size)}
+    out = {"psnr": {"sim": round(mean_psnr(zip(sims, reals)), 2)}, "resolution": list(size)}
     for m, gs in ups.items():
-        out["psnr"][m] = round(psnr_frames(zip(gs, reals)), 2)
+        out["psnr"][m] = round(mean_psnr(zip(gs, reals)), 2)
     if fid_frames:
         feats = InceptionFeatures()
         pick = lambda vs: (lambda a: a[np.linspace(0, len(a) - 1, min(fid_frames, len(a))).astype(int)])(  # noqa: E731
@@ -227,11 +211,11 @@ def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict 
     model = FidelityModel()
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        model.update(resize_frames(ep.frames[cam], res), labels_from_palette(resize_frames(ep.frames[seg_key], res)))
+        model.update(resize_frames(ep.frames[cam], res), labels_from_palette(ep.frames[seg_key], res))
     labels = []
     for ep in episodes:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])
-        labels.append(labels_from_palette(resize_frames(w.frames[seg_key], res)))
+        labels.append(labels_from_palette(w.frames[seg_key], res))
     out = {"resolution": list(res), "real_ceiling": pool([object_fidelity(e["real"], lab, model)
                                                           for e, lab in zip(episodes, labels)])}
     out["sim_render"] = pool([object_fidelity(e["sim"], lab, model) for e, lab in zip(episodes, labels)])
@@ -308,9 +292,9 @@ def main(argv=None):
     for i, ep in enumerate(episodes):
         for m, (wa, ws) in modes.items():
             gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i))
-    result["psnr"] = {"sim": round(psnr_frames((e["sim"], e["real"]) for e in episodes), 2)}
+    result["psnr"] = {"sim": round(mean_psnr((e["sim"], e["real"]) for e in episodes), 2)}
     for m, gs in gens.items():
-        result["psnr"][m] = round(psnr_frames((g, e["real"]) for g, e in zip(gs, episodes)), 2)
+        result["psnr"][m] = round(mean_psnr((g, e["real"]) for g, e in zip(gs, episodes)), 2)
     if not synthetic:
         native = native_scores(cfg, pipe, episodes, gens, args.fid_frames)
         result["psnr_native"], result["fid_native"] = native["psnr"], native.get("fid")

@@ -12,19 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from comsim.lab.record import record_dataset  # noqa: E402
-from comsim.twin.replay import replay_dataset  # noqa: E402
-
-CELL = Path(__file__).resolve().parents[1] / "configs" / "twin" / "panda_cell.yaml"
+from comsim.config import PANDA_CELL
+from comsim.lab.record import record_dataset
+from comsim.twin.replay import replay_dataset
 
 
 def main(argv=None) -> dict:
@@ -40,7 +34,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     real = record_dataset(a.task, episodes=a.episodes, out=out / "lab", seed=a.seed)
     t1 = time.perf_counter()
-    paired = replay_dataset(real, CELL, out / "paired", mode=a.mode, refine=not a.no_refine,
+    paired = replay_dataset(real, PANDA_CELL, out / "paired", mode=a.mode, refine=not a.no_refine,
                             log=lambda s: print(s, flush=True))
     t2 = time.perf_counter()
     rep = json.loads((paired / "alignment_report.json").read_text())

@@ -18,6 +18,23 @@ from comsim.errors import ComSimError
 
 T = TypeVar("T")
 
+# The built-in configs (twin/, lab/, tasks/, translator/, experiments/), found from the package
+# itself: commands and library calls work from any working directory.
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PANDA_CELL = CONFIGS / "twin" / "panda_cell.yaml"  # the nominal twin of the built-in lab's cell
+
+
+def config_file(path: str | Path) -> Path:
+    """A config named by the user: the file itself if it exists (absolute, or relative to the
+    working directory), else a built-in one named from the repository (``configs/...``) or from
+    ``configs/`` (``twin/panda_cell.yaml``)."""
+    p = Path(path)
+    if p.is_absolute() or p.is_file():
+        return p
+    if p.parts and p.parts[0] == CONFIGS.name and (CONFIGS.parent / p).is_file():
+        return CONFIGS.parent / p
+    return CONFIGS / p if (CONFIGS / p).is_file() else p
+
 
 class ConfigError(ComSimError, ValueError):
     """A config file or value is not what its dataclass expects; the message names the file and key."""

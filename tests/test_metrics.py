@@ -509,3 +509,40 @@ def test_clip_scores_with_a_tiny_clip_folder(tmp_path, datasets):
     m = rep["metrics"]
     assert 0 <= m["clip_score"] <= 100 and -100 <= m["clip_similarity"] < 100 and not rep["unavailable"]
     assert rep["per_episode"][0]["clip_similarity"] != rep["per_episode"][1]["clip_similarity"]
+
+
+# -- the shared definitions the benchmarks and the report use ------------------------------------
+def test_mean_psnr_is_per_frame_then_the_mean_over_all_frames():
+    from comsim.metrics.frame import mean_psnr, psnr
+
+    rng = np.random.default_rng(0)
+    ref = [rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8) for n in (1, 3)]
+    noisy = [np.clip(r.astype(int) + rng.integers(-s, s + 1, r.shape), 0, 255).astype(np.uint8)
+             for r, s in zip(ref, (40, 4))]
+    per_frame = np.concatenate([psnr(p, r) for p, r in zip(noisy, ref)])
+    assert mean_psnr(zip(noisy, ref)) == pytest.approx(per_frame.mean())
+    # not the mean of the clips' means: the 3-frame clip weighs three times the 1-frame one
+    assert abs(mean_psnr(zip(noisy, ref)) - np.mean([psnr(p, r).mean() for p, r in zip(noisy, ref)])) > 1.0
+
+
+def test_robot_masks_and_labels_from_the_twins_palette():
+    from comsim.metrics.action import mask_iou, robot_masks_from_labels
+    from comsim.metrics.fidelity import labels_from_palette
+    from comsim.twin.camera_model import seg_to_rgb
+
+    labels = np.zeros((2, 8, 8), np.int32)
+    labels[:, :, :3] = 1  # robot: the first 3 columns
+    labels[:, 6:, 6:] = 2  # an object
+    seg = seg_to_rgb(labels).astype(np.uint8)
+    noisy = np.clip(seg.astype(int) + np.random.default_rng(0).integers(-20, 21, seg.shape), 0, 255).astype(np.uint8)
+    assert np.array_equal(robot_masks_from_labels(noisy), labels == 1)  # after lossy coding
+    half = robot_masks_from_labels(seg, (4, 4))  # 2x2 blocks: robot where it covers at least half
+    assert half.shape == (2, 4, 4) and half[:, :, :2].all() and not half[:, :, 2:].any()
+    assert np.array_equal(labels_from_palette(noisy, (4, 4)), labels[:, ::2, ::2])  # nearest: never blended
+    # IoU without the pixels that are robot whatever the actions
+    pred = labels == 1
+    ref = pred.copy()
+    ref[:, :, 2] = False
+    base = np.zeros((8, 8), bool)
+    base[:, 0] = True
+    assert mask_iou(pred, ref).tolist() == [2 / 3, 2 / 3] and mask_iou(pred, ref, ignore=base).tolist() == [0.5, 0.5]

@@ -32,15 +32,14 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from comsim.config import ConfigError
+from comsim.config import CONFIGS, PANDA_CELL, ConfigError
 from comsim.episode import hash_dict
 from comsim.factory.params import Ref, parse_params, parse_range
 from comsim.factory.yaml_lines import LineDict, LineList, load_with_lines
 from comsim.sim.spec import SceneSpec, load_scene_spec, spec_hash
 
-REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-DEFAULT_SCENE = REPO_CONFIGS / "twin" / "panda_cell.yaml"
-TASKS_DIR = REPO_CONFIGS / "tasks"
+DEFAULT_SCENE = PANDA_CELL
+TASKS_DIR = CONFIGS / "tasks"
 
 # Named colours (linear RGB, alpha 1) a task may use instead of numbers.
 COLORS = {

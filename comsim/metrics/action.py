@@ -83,11 +83,15 @@ class RobotColourModel:
         return self.probability(frames) > 0.5
 
 
-def mask_iou(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
-    """Per-frame IoU of bool (T, H, W) masks; 1 where both are empty."""
+def mask_iou(pred: np.ndarray, ref: np.ndarray, ignore: np.ndarray | None = None) -> np.ndarray:
+    """Per-frame IoU of bool (T, H, W) masks; 1 where both are empty. ``ignore`` (bool (H, W)):
+    pixels left out of both, e.g. the robot's base, which is robot in every frame whatever the
+    actions (the IoU of the parts the actions move)."""
     pred, ref = np.asarray(pred, bool), np.asarray(ref, bool)
     if pred.shape != ref.shape:
         raise ValueError(f"mask_iou: masks differ in shape {pred.shape} vs {ref.shape}")
+    if ignore is not None:
+        pred, ref = pred & ~np.asarray(ignore, bool), ref & ~np.asarray(ignore, bool)
     inter = (pred & ref).reshape(len(pred), -1).sum(1)
     union = (pred | ref).reshape(len(pred), -1).sum(1)
     return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
@@ -107,6 +111,21 @@ def action_consistency(pred_frames: np.ndarray, sim_masks: np.ndarray, model: Ro
                              "(reference frames and their twin robot masks)")
         model = RobotColourModel().fit(fit_frames, fit_masks)
     return float(mask_iou(model.predict(pred_frames), sim_masks).mean())
+
+
+def robot_masks_from_labels(seg_frames: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+    """The twin's robot masks, bool (T, H, W), from its label video (``<cam>_sim_seg``: palette
+    colours after lossy coding, uint8 (T, H, W, 3)). At another ``size`` (h, w) a pixel is robot
+    where the robot covers at least half of it."""
+    from comsim.twin.camera_model import rgb_to_seg  # the palette is the twin's; no MuJoCo at import
+
+    robot = rgb_to_seg(np.asarray(seg_frames)) == ROBOT_LABEL
+    if size is None or robot.shape[1:] == tuple(size):
+        return robot
+    from comsim.episode import resize_frames
+
+    cover = resize_frames(np.repeat(robot[..., None].astype(np.uint8) * 255, 3, -1), size)[..., 0]
+    return cover >= 128
 
 
 def render_robot_masks(scene, joints: np.ndarray, camera: str, width: int, height: int,

@@ -37,15 +37,22 @@ MIN_VISIBLE_PX = 4
 SEARCH_RADIUS_FRACTION = 6 / 128
 
 
-def labels_from_palette(seg_frames: np.ndarray) -> np.ndarray:
-    """Twin label video (palette colours after lossy coding, uint8 (T, H, W, 3)) -> int labels (T, H, W)."""
+def labels_from_palette(seg_frames: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+    """Twin label video (palette colours after lossy coding, uint8 (T, H, W, 3)) -> int labels (T, H, W),
+    or (T, *size) at another ``size`` (nearest neighbour: a label is never blended with its neighbour's)."""
     from comsim.twin.camera_model import rgb_to_seg  # the palette is the twin's; no MuJoCo at import
 
     seg = np.asarray(seg_frames)
     if seg.dtype != np.uint8 or seg.ndim != 4 or seg.shape[-1] != 3:
         raise ValueError(f"object fidelity: segmentation frames must be uint8 (T, H, W, 3) palette colours, "
                          f"got {seg.dtype} {seg.shape}")
-    return rgb_to_seg(seg)
+    labels = rgb_to_seg(seg)
+    H, W = labels.shape[1:]
+    if size is None or (H, W) == tuple(size):
+        return labels
+    rows = (np.arange(size[0]) * H // size[0]).astype(int)
+    cols = (np.arange(size[1]) * W // size[1]).astype(int)
+    return labels[:, rows][:, :, cols]
 
 
 @dataclass
@@ -163,17 +170,6 @@ def pool(results: list[dict]) -> dict:
     return out
 
 
-def _labels_at(seg_frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Twin labels at ``size`` (nearest neighbour: a label is never blended with its neighbour's)."""
-    labels = labels_from_palette(seg_frames)
-    H, W = labels.shape[1:]
-    if (H, W) == tuple(size):
-        return labels
-    rows = (np.arange(size[0]) * H // size[0]).astype(int)
-    cols = (np.arange(size[1]) * W // size[1]).astype(int)
-    return labels[:, rows][:, :, cols]
-
-
 def fit_fidelity_model(paired, camera: str = "front", episodes=None, size: tuple[int, int] | None = None) -> FidelityModel:
     """A FidelityModel fit on a paired dataset's REAL frames (``camera``) with the twin's labels
     (``<camera>_sim_seg``), at ``size`` (default: the real frames' own)."""
@@ -186,7 +182,7 @@ def fit_fidelity_model(paired, camera: str = "front", episodes=None, size: tuple
     for e in (range(len(ds)) if episodes is None else episodes):
         ep = ds.read_episode(e, cameras=[camera, seg_key(camera)])
         real = ep.frames[camera] if size is None else resize_frames(ep.frames[camera], tuple(size))
-        model.update(real, _labels_at(ep.frames[seg_key(camera)], real.shape[1:3]))
+        model.update(real, labels_from_palette(ep.frames[seg_key(camera)], real.shape[1:3]))
     return model
 
 
@@ -204,7 +200,7 @@ def evaluate_object_fidelity(pred, model: FidelityModel, camera: str = "front", 
     for e in tqdm(list(range(len(ds)) if episodes is None else episodes), desc="object fidelity", disable=not progress):
         ep = ds.read_episode(e, cameras=[camera, seg_key(camera)])
         frames = ep.frames[camera]
-        results.append(object_fidelity(frames, _labels_at(ep.frames[seg_key(camera)], frames.shape[1:3]), model))
+        results.append(object_fidelity(frames, labels_from_palette(ep.frames[seg_key(camera)], frames.shape[1:3]), model))
     out = pool(results)
     out.update(camera=camera, within_px=WITHIN_PX, resolution=list(frames.shape[1:3]) if results else None,
                how="objects: centroid of the largest-mass component of P(object | colour) > 0.5 vs the centroid of "

@@ -50,6 +50,12 @@ def psnr(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
         return 10 * np.log10(DATA_RANGE**2 / mse)
 
 
+def mean_psnr(pairs) -> float:
+    """PSNR of a set of clips: per frame, then the mean over every frame of every (pred, ref) pair
+    (a clip counts by its frames). The definition behind every PSNR that ComSim reports."""
+    return float(np.mean(np.concatenate([psnr(pred, ref) for pred, ref in pairs])))
+
+
 def gaussian_window(sigma: float = SSIM_SIGMA, truncate: float = SSIM_TRUNCATE) -> np.ndarray:
     """Normalized 1-D Gaussian taps, as scipy.ndimage.gaussian_filter builds them."""
     radius = int(truncate * sigma + 0.5)

@@ -28,7 +28,7 @@ from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode, resize_frames
 from comsim.io.keys import control_key, sim_key
 from comsim.io.video import write_video
-from comsim.metrics.frame import psnr as frame_psnr
+from comsim.metrics.frame import mean_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, split_episodes)
@@ -572,7 +572,7 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
     model = pipe.transformer
     was_training = model.training
     model.eval()
-    sims, gens, reals, scores = [], [], [], []
+    sims, gens, reals = [], [], []
     n = min(cfg.train.validation_clips, len(val_ds))
     for i in range(n):
         s, e, t = val_ds.index[i * max(1, len(val_ds) // n)]
@@ -583,9 +583,7 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
         gen = pipe(sim, ep.action, w_action=cfg.sampling.w_action, w_sim=cfg.sampling.w_sim,
                    num_steps=cfg.sampling.num_steps, seed=cfg.train.seed, controls=controls or None)
         sims.append(sim), gens.append(gen), reals.append(real)
-        scores.append(frame_psnr(gen, real))
-    metrics = {"val_psnr": float(np.mean(np.concatenate(scores))),
-               "val_psnr_sim": float(np.mean(np.concatenate([frame_psnr(s, r) for s, r in zip(sims, reals)])))}
+    metrics = {"val_psnr": mean_psnr(zip(gens, reals)), "val_psnr_sim": mean_psnr(zip(sims, reals))}
     accelerator.log(metrics, step=step)
     upscale = max(1, 128 // max(val_ds.resolution))  # small models' grids are blown up to be seen; 128 px is native
     save_validation(Path(cfg.train.output_dir) / "validation", step, sims, gens, reals, pipe.fps, upscale)

@@ -23,13 +23,11 @@ import json
 import time
 from pathlib import Path
 
-import numpy as np
-
+from comsim.config import PANDA_CELL
 from comsim.io.files import write_json
 from comsim.io.keys import sim_key
 
 MANIFEST = "pairs.json"
-PANDA_CELL = Path(__file__).resolve().parents[2] / "configs" / "twin" / "panda_cell.yaml"
 
 
 def true_calibration(real: Path) -> Path:
@@ -44,13 +42,12 @@ def true_calibration(real: Path) -> Path:
 def sim_vs_real_psnr(paired: Path) -> float:
     """The raw twin render against the lab video: PSNR per frame, mean over all frames (dB)."""
     from comsim.io.lerobot import LeRobotDataset
-    from comsim.metrics.frame import psnr
+    from comsim.metrics.frame import mean_psnr
 
     ds = LeRobotDataset(paired)
     cam = "front"
-    vals = [psnr(ep.frames[sim_key(cam)], ep.frames[cam])
-            for ep in (ds.read_episode(e, cameras=[cam, sim_key(cam)]) for e in range(len(ds)))]
-    return float(np.mean(np.concatenate(vals)))
+    return mean_psnr((ep.frames[sim_key(cam)], ep.frames[cam])
+                     for ep in (ds.read_episode(e, cameras=[cam, sim_key(cam)]) for e in range(len(ds))))
 
 
 def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physics", twin: Path = PANDA_CELL,
