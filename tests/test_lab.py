@@ -303,7 +303,7 @@ def test_interrupted_recording_leaves_whole_episodes_and_resumes(tmp_path):
     assert record_dataset("push", episodes=2, out=out, seed=5) == out  # finished: nothing to do
 
 
-# ---------------------------------------------------------------- slow: the acceptance run
+# ---------------------------------------------------------------- slow: ten episodes through the CLI
 
 
 @pytest.mark.slow

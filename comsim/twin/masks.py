@@ -1,6 +1,6 @@
 """Robot masks for frames that come without them: background model + self-trained colour cues.
 
-Documented choice (issue item 1, "lab episodes without masks"): no robot-free frame is
+A deliberate choice, for lab or real episodes that come without masks: no robot-free frame is
 needed, so the same code runs on a real recording.
 
 1. Background: a fixed camera sees the same background in every frame wherever the arm
