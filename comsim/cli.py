@@ -122,7 +122,7 @@ def _report(a):
 def _demo(a):
     from comsim.demo import run_demo
 
-    print(run_demo(Path(a.out), profile="full" if a.full else "small"))
+    print(run_demo(Path(a.out), profile="full" if a.full else "small", cell=a.cell, twin=a.twin))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -253,9 +253,13 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--max-episodes", type=int, default=3, help="videos per section")
     rr.set_defaults(func=_report)
 
-    d = sub.add_parser("demo", help="run the main job on the built-in lab")
-    d.add_argument("--out", default="runs/demo")
+    d = sub.add_parser("demo", help="run the main job on a lab cell (default: the built-in lab)")
+    d.add_argument("--out", default="runs/demo", help="the run folder: every output goes under it")
     d.add_argument("--full", action="store_true", help="the full-size experiment")
+    d.add_argument("--cell", default=None, help="lab cell YAML to run the loop on (default: the built-in lab, "
+                   "configs/lab/default.yaml; e.g. configs/lab/cool_studio.yaml)")
+    d.add_argument("--twin", default=None, help="the twin's nominal spec that the alignment starts from "
+                   "(default: configs/twin/panda_cell.yaml)")
     d.set_defaults(func=_demo)
     return p
 

@@ -1,20 +1,30 @@
-"""`make demo`: the whole loop on the built-in lab, at small scale, ending in a report.
+"""`comsim demo` / `make demo`: the whole loop on a lab cell, at small scale, ending in a report.
 
     lab record -> twin calibrate + replay (paired) -> translator training (tiny)
       -> factory generate (sim) -> convert (pseudo-real) -> video metrics
       -> policy experiment -> HTML report
 
-Every step writes into ``out/<step>`` and is skipped when its output is complete, so an
-interrupted demo resumes where it stopped. ``profile="full"`` runs the experiment at the
-sizes of the Compositional Simulation table (hours on a GPU machine).
+    comsim demo --out runs/demo                                          # the built-in lab
+    comsim demo --cell configs/lab/cool_studio.yaml --out runs/demo_cool # another cell (look, camera)
+
+Every step writes into the run folder ``out`` (``comsim.run_layout.RunLayout``) and is skipped
+when its output is complete, so an interrupted demo resumes where it stopped. Configs are
+found from the package (``comsim.config.config_file``), so the demo runs from any working
+directory; every output lands under ``out``. ``--cell`` records the lab episodes in that cell
+and scores the policies there; the twin starts from its nominal spec (``--twin``, default
+configs/twin/panda_cell.yaml) and must find the cell's camera and colours itself.
+``profile="full"`` runs the experiment at the sizes of the Compositional Simulation table
+(hours on a GPU machine).
 """
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from comsim.config import PANDA_CELL, ConfigError, config_file
+from comsim.io.files import write_json
 from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import atomic_output
@@ -33,6 +43,12 @@ class DemoProfile:
     translator_config: str = "configs/translator/tiny_lab.yaml"
     translator_steps: int | None = None  # None: the config's train.max_steps
     policy_experiment: str = "configs/experiments/demo_small.yaml"
+    cell: str | None = None  # the lab cell YAML (None: the built-in lab, configs/lab/default.yaml)
+    twin: str = str(PANDA_CELL)  # the twin's nominal spec, which the alignment starts from
+    # dotted overrides of the translator and policy experiment configs (e.g. tiny sizes for a smoke run)
+    translator_overrides: tuple[str, ...] = ()
+    policy_overrides: tuple[str, ...] = ()
+    calibration_stills: int = 12  # recorded with the lab episodes; the twin calibrates from them
 
 
 PROFILES = {
@@ -51,8 +67,19 @@ def _log(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run_demo(out: Path, profile: str = "small") -> Path:
-    p = PROFILES[profile]
+def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path | None = None,
+             twin: str | Path | None = None) -> Path:
+    """Run the loop into the folder ``out``; returns the report's path. ``profile``: a name of PROFILES
+    or a DemoProfile; ``cell`` and ``twin`` (YAML paths) replace the profile's."""
+    if isinstance(profile, str):
+        if profile not in PROFILES:
+            raise ConfigError(f"demo profile {profile!r}: expected one of {sorted(PROFILES)}")
+        p = PROFILES[profile]
+        profile_name = profile
+    else:
+        p, profile_name = profile, "custom"
+    p = replace(p, cell=str(_existing(cell, "--cell")) if cell is not None else p.cell,
+                twin=str(_existing(twin, "--twin")) if twin is not None else p.twin)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
@@ -79,7 +106,7 @@ def run_demo(out: Path, profile: str = "small") -> Path:
 
     run = RunLayout(out)
     step(LAB_RECORD, lambda: _lab(run.lab, p))
-    step(TWIN, lambda: _twin(run.lab, run.paired, run.twin_summary), needs=[LAB_RECORD])
+    step(TWIN, lambda: _twin(run.lab, run.paired, run.twin_summary, p), needs=[LAB_RECORD])
     model_dir = step(TRANSLATOR, lambda: _translator(run.paired, run.translator, p), needs=[TWIN])
     # In the ALIGNED twin: the translator learned the calibrated camera and colours, not the nominal cell.
     step(FACTORY, lambda: _generate(run.sim, run.sim_ood, p, run.paired / "twin_aligned.yaml"), needs=[TWIN])
@@ -88,7 +115,8 @@ def run_demo(out: Path, profile: str = "small") -> Path:
     step(VIDEO_METRICS, lambda: _metrics(model_dir, run, {"id": run.pseudo_real, "ood": run.pseudo_real_ood}),
          needs=[TRANSLATOR, CONVERT])
     step(POLICY, lambda: _policy(p, run), needs=[LAB_RECORD])
-    stages = {"profile": profile, "timings": timings, "failures": failures}
+    stages = {"profile": profile_name, "cell": p.cell or "built-in lab", "twin": p.twin, "timings": timings,
+              "failures": failures}
     summary_path = run.translator / "train_summary.json"
     if summary_path.is_file():  # steps done of planned: a translator that stopped early says so
         summary = json.loads(summary_path.read_text())
@@ -105,33 +133,33 @@ def run_demo(out: Path, profile: str = "small") -> Path:
 
 
 # -- steps ----------------------------------------------------------------------------------
-def _package_file(path: str) -> Path:
-    """A config path of the repository (configs/...), found from any working directory."""
-    p = Path(path)
-    if p.is_absolute() or p.is_file():
-        return p
-    return Path(__file__).resolve().parents[1] / p
+def _existing(path: str | Path, flag: str) -> Path:
+    """A config file the user named (or a built-in one), as an absolute path: the demo's stages and the
+    policy experiment read it from other folders."""
+    p = config_file(path)
+    if not p.is_file():
+        raise ConfigError(f"{path}: {flag}: file not found (nor under the built-in configs/)")
+    return p.resolve()
 
 
 def _lab(lab_dir: Path, p: DemoProfile) -> None:
     from comsim.lab.record import record_dataset
 
     if not _done(lab_dir):
-        record_dataset(task=p.task, episodes=p.real_episodes, out=lab_dir, seed=0)
+        record_dataset(task=p.task, episodes=p.real_episodes, out=lab_dir, seed=0, cell=p.cell,
+                       calibration_stills=p.calibration_stills)
 
 
-def _twin(lab_dir: Path, paired_dir: Path, summary_path: Path) -> dict:
+def _twin(lab_dir: Path, paired_dir: Path, summary_path: Path, p: DemoProfile) -> dict:
     from comsim.twin.replay import replay_dataset
 
     if not _done(paired_dir) or not summary_path.is_file():
-        replay_dataset(real=lab_dir, twin=_package_file("configs/twin/panda_cell.yaml"), out=paired_dir, mode="physics",
-                       calibration=None)
+        replay_dataset(real=lab_dir, twin=config_file(p.twin), out=paired_dir, mode="physics", calibration=None)
         summary = {}
         report_path = paired_dir / "alignment_report.json"
         if report_path.is_file():
             summary = json.loads(report_path.read_text())
-        summary_path.parent.mkdir(parents=True, exist_ok=True)
-        summary_path.write_text(json.dumps(summary, indent=1, default=str))
+        write_json(summary, summary_path, indent=1)
     return json.loads(summary_path.read_text())
 
 
@@ -143,9 +171,9 @@ def _translator(paired_dir: Path, run_dir: Path, p: DemoProfile) -> Path:
         return final
     n = len(LeRobotDataset(paired_dir))
     steps = [f"train.max_steps={p.translator_steps}"] if p.translator_steps else []
-    cfg = load_train_config(_package_file(p.translator_config), [
+    cfg = load_train_config(config_file(p.translator_config), [
         f"data.paths=[{paired_dir}]", f"data.val_episodes={_val_episodes(n)}", f"train.output_dir={run_dir}",
-        *steps, "train.checkpointing_steps=100"])
+        *steps, "train.checkpointing_steps=100", *p.translator_overrides])
     result = train(cfg, resume_from_checkpoint="latest" if any(run_dir.glob("checkpoint-*")) else None)
     return Path(result) if result else final
 
@@ -236,5 +264,18 @@ def _policy(p: DemoProfile, run: RunLayout) -> dict | None:
     except ImportError:
         _log("policy experiment: comsim.policy is not available; skipped")
         return None
-    return run_experiment(_package_file(p.policy_experiment), run.policy,
-                          datasets={"real": run.lab, "sim": run.sim, "pseudo_real": run.pseudo_real})
+    from comsim.config import load_yaml
+
+    # Every dataset of the experiment lives in this run folder: the demo's own (lab, sim, pseudo-real),
+    # the others under policy/data/; those it builds use this run's aligned twin and translator.
+    path = config_file(p.policy_experiment)
+    given = {"real": run.lab, "sim": run.sim, "pseudo_real": run.pseudo_real}
+    datasets, overrides = {}, [f"cell={p.cell}"] if p.cell else []
+    for name, spec in (load_yaml(path).get("datasets") or {}).items():
+        datasets[name] = given.get(name, run.policy / "data" / name)
+        build = spec.get("build") if isinstance(spec, dict) else None
+        if build == "factory":
+            overrides.append(f"datasets.{name}.scene={(run.paired / 'twin_aligned.yaml').resolve()}")
+        elif build == "convert":
+            overrides.append(f"datasets.{name}.translator={run.translator_final.resolve()}")
+    return run_experiment(path, run.policy, datasets=datasets, overrides=[*overrides, *p.policy_overrides])
