@@ -35,6 +35,7 @@ import numpy as np
 from comsim.config import CONFIGS
 from comsim.factory.generate import generate_dataset
 from comsim.factory.program import TASKS_DIR
+from comsim.io.keys import sim_key
 
 
 def load() -> list[float]:
@@ -131,7 +132,8 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
     L = min(len(e) for e in eps)
 
     def cut(parts):
-        return Episode(frames={"front_sim": np.concatenate([e.frames["front_sim"][:L] for e in parts])},
+        key = sim_key(pipe.camera)
+        return Episode(frames={key: np.concatenate([e.frames[key][:L] for e in parts])},
                        action=np.concatenate([e.action[:L] for e in parts]),
                        state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
 

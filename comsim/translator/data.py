@@ -158,13 +158,14 @@ class PairedWindowDataset(torch.utils.data.Dataset):
 
     Args:
         sources: list of LeRobot dataset paths/objects, or ONE list of Episodes.
-        camera: short camera name: target ``camera``, condition ``camera + "_sim"``.
+        camera: short camera name: target ``camera``, condition ``sim_key(camera)`` (``<camera>_sim``).
         num_frames: window length T (pixel frames).
         resolution: (H, W) the frames are resized to.
         normalizer: action normalization; None = pooled stats of the sources.
         episodes: restrict to these (source index, episode index) pairs (a split).
         stride: step between window starts.
-        controls: extra control keys, read from ``camera + "_sim_" + name`` (e.g. "seg", "depth").
+        controls: extra control channels, read from ``control_key(camera, name)`` (``<camera>_sim_<name>``,
+            e.g. "seg", "depth").
     """
 
     def __init__(self, sources, camera: str, num_frames: int, resolution: tuple[int, int],
