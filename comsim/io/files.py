@@ -15,6 +15,19 @@ from pathlib import Path
 import numpy as np
 
 
+def write_png(path, rgb: np.ndarray) -> Path:
+    """uint8 (H, W, 3) RGB -> ``path`` (folders made), atomically: a reader never sees half a file."""
+    import cv2
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
+    if not cv2.imwrite(str(tmp), np.ascontiguousarray(rgb[..., ::-1])):
+        raise OSError(f"{path}: could not write the PNG")
+    os.replace(tmp, path)
+    return path
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path):
     """Yield a temporary path next to ``path``; on success fsync it and rename it over ``path``.

@@ -1,4 +1,4 @@
-"""The lab: a stand-in for reality (ARCHITECTURE.md, section 5).
+"""The lab: a stand-in for reality (the first stage of the README's tour).
 
 The same MuJoCo physics as the twin, a different look (procedural textures, lights with
 shadows, a tinted robot, a real sensor: distortion, blur, vignetting, white balance, noise,

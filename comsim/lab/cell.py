@@ -12,12 +12,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from comsim.config import ConfigError, apply_overrides, from_dict, load_yaml
+from comsim.config import CONFIGS, ConfigError, apply_overrides, config_file, from_dict, load_yaml
 from comsim.episode import hash_dict
 from comsim.lab.effects import SensorLook
 from comsim.sim.spec import SceneSpec, validate_scene_spec
 
-DEFAULT_CELL = Path(__file__).resolve().parents[2] / "configs" / "lab" / "default.yaml"
+DEFAULT_CELL = CONFIGS / "lab" / "default.yaml"
 TEXTURE_PATTERNS = ("wood", "wall", "concrete")
 
 
@@ -126,7 +126,7 @@ class LabCell:
 
 def load_lab_cell(path: str | Path | None = None, overrides: list[str] | None = None) -> LabCell:
     """Read a lab cell YAML (default: the built-in lab); ConfigError names the file and key."""
-    path = Path(path) if path is not None else DEFAULT_CELL
+    path = config_file(path) if path is not None else DEFAULT_CELL  # a user's file, else a built-in one
     data = load_yaml(path)
     if overrides:
         data = apply_overrides(data, overrides)

@@ -27,17 +27,13 @@ from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
 from comsim.lab.stills import CALIBRATION_DIR, DONE_FILE as STILLS_DONE, record_calibration_stills
 from comsim.lab.tasks import make_task
+from comsim.episode import episode_seed  # noqa: F401  (comsim.lab exports it)
 from comsim.lab.teleop import ScriptedTeleoperator
 from comsim.lab.truth import (INTRINSICS_FILE, TRUTH_FILE, camera_intrinsics, episode_summary,
                               read_episode_truth, truth_header, write_episode_truth, write_json)
 
 STILLS = 12  # calibration stills per recording (plus the robot-free one)
 RESUME_KEYS = ("task", "seed", "fps", "cell_hash")  # must match to continue a recording
-
-
-def episode_seed(seed: int, index: int) -> int:
-    """Seed of episode ``index`` of a recording started with ``seed`` (independent streams)."""
-    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1)[0])
 
 
 def record_episode(env: LabEnv, seed: int) -> tuple[Episode, dict[str, np.ndarray]]:

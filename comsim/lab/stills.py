@@ -25,11 +25,10 @@ import json
 import shutil
 from pathlib import Path
 
-import cv2
 import mujoco
 import numpy as np
 
-from comsim.io.video import atomic_output
+from comsim.io.files import write_png
 from comsim.lab.effects import SensorModel, distortion_coeffs
 from comsim.lab.look import render_camera_name, render_intrinsics
 from comsim.sim.camera import as_K, scale_K
@@ -93,12 +92,6 @@ class _StillCamera:
         self.renderer.close()
 
 
-def _write_png(img: np.ndarray, path: Path) -> None:
-    with atomic_output(path) as tmp:
-        ok, buf = cv2.imencode(".png", img[..., ::-1])
-        tmp.write_bytes(buf.tobytes())
-
-
 def record_calibration_stills(env, out: str | Path, n: int = 12, scale: int = 4, seed: int = 0) -> Path:
     """Write ``n`` stills + a background still of ``env``'s cell into ``out`` (a calibration folder).
 
@@ -125,7 +118,7 @@ def record_calibration_stills(env, out: str | Path, n: int = 12, scale: int = 4,
     try:
         scene.reset(object_poses=away)
         mujoco.mj_forward(m, scene.data)
-        _write_png(cam.rgb(rng, robot=False), out / BACKGROUND_FILE)
+        write_png(out / BACKGROUND_FILE, cam.rgb(rng, robot=False))
         k, tries = 0, 0
         while k < n and tries < 50 * n:
             tries += 1
@@ -136,7 +129,7 @@ def record_calibration_stills(env, out: str | Path, n: int = 12, scale: int = 4,
             mujoco.mj_forward(m, scene.data)
             if not _clear(scene):
                 continue
-            _write_png(cam.rgb(rng), out / "color" / f"{k:06d}.png")
+            write_png(out / "color" / f"{k:06d}.png", cam.rgb(rng))
             np.savetxt(out / "qpos" / f"{k:06d}.txt", np.r_[q, width / 2, width / 2])
             k += 1
         if k < n:

@@ -1,11 +1,12 @@
 """Overlay PNGs the twin writes: silhouette outlines on real frames (written atomically)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from comsim.io.files import write_png  # noqa: F401  (callers import it from here too)
 
 
 def outline(mask: np.ndarray, thickness: int = 1) -> np.ndarray:
@@ -29,16 +30,6 @@ def overlay_image(image: np.ndarray, rendered: np.ndarray, observed: np.ndarray 
         cv2.putText(img, label, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (0, 0, 0), 3, cv2.LINE_AA)
         cv2.putText(img, label, org, cv2.FONT_HERSHEY_SIMPLEX, scale, (255, 255, 255), 1, cv2.LINE_AA)
     return img
-
-
-def write_png(path, rgb: np.ndarray) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    if not cv2.imwrite(str(tmp), np.ascontiguousarray(rgb[..., ::-1])):
-        raise OSError(f"{path}: could not write the PNG")
-    os.replace(tmp, path)
-    return path
 
 
 def write_overlay(path, image, rendered, observed=None, label: str = "") -> Path:
