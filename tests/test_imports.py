@@ -80,8 +80,6 @@ def test_no_import_circle_outside_the_policy_package():
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
 
-@pytest.mark.xfail(strict=True, reason="comsim.policy: config.py imports keypoint.py (inside a function), which "
-                                       "imports model.py, which imports config.py; remove this mark once it is cut")
 def test_no_import_circle_in_comsim():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)

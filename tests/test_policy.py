@@ -409,6 +409,42 @@ def test_keypoint_loss_masks_padding_and_save_load_reproduces_actions(tmp_path):
         load_policy(tmp_path)
 
 
+def test_keypoint_crop_and_colour_branch():
+    """The policy looks only inside ``crop``, and the colour branch's keypoints go where a
+    colour is: a red 3x3 patch moved by 8 px moves its keypoint, untrained, by ~8 px."""
+    cfg = policy_config({**KP, "crop": [8, 4, 16, 24], "pixel_keypoints": 2})
+    torch.manual_seed(0)
+    p = make_policy(cfg, stats=UNIT_STATS).eval()
+    img = torch.zeros(1, 1, 3, 32, 32, dtype=torch.uint8)
+    state = torch.zeros(1, 1, 8)
+    out = p(img, state)
+    noisy = img.clone()
+    noisy[..., :8, :] = 255  # outside the crop: no effect
+    noisy[..., :, 28:] = 255
+    torch.testing.assert_close(p(noisy, state), out)
+    # untrained colour branch: make one keypoint a red detector and move a red patch in x
+    enc = p.encoder
+    with torch.no_grad():
+        enc.pixel[0].weight.zero_(), enc.pixel[0].bias.zero_()
+        enc.pixel[0].weight[0, :, 0, 0] = torch.tensor([1.0, -1.0, -1.0])
+        enc.pixel_pool.keypoints.weight.zero_(), enc.pixel_pool.keypoints.bias.zero_()
+        enc.pixel_pool.keypoints.weight[0, 0] = 1.0
+    xs = []
+    for left in (6, 14):
+        im = torch.zeros(1, 3, 16, 24)
+        im[:] = -1
+        im[:, 0, 6:9, left:left + 3] = 1.0
+        xs.append(enc(im)[0, 2 * cfg.num_keypoints].item())  # the first colour keypoint's x in [-1, 1]
+    assert (xs[1] - xs[0]) * (24 - 1) / 2 == pytest.approx(8, abs=0.5)
+    with pytest.raises(ConfigError, match=r"policy.crop: expected \[top, left, height, width\] inside image_size"):
+        policy_config({**KP, "crop": [20, 0, 16, 16]})
+    with pytest.raises(ConfigError, match="at least one keypoint"):
+        policy_config({**KP, "num_keypoints": 0, "channels": [], "strides": []})
+    colour_only = make_policy(policy_config({**KP, "num_keypoints": 0, "channels": [], "strides": [],
+                                             "pixel_keypoints": 3}), stats=UNIT_STATS)
+    assert colour_only.encoder.net is None and colour_only(img, state).shape == (1, 4, 8)
+
+
 def test_keypoint_temporal_ensembling_averages_the_overlapping_chunks():
     torch.manual_seed(0)
     m = 0.5
@@ -473,6 +509,8 @@ def micro_experiment(data, out: Path) -> Path:
         "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
         "eval": {"n_trials": 1, "max_seconds": 0.2, "panels": {"id": {"kind": "id"}, "ood": {"kind": "ood"}}},
         "claim": {"arm": "real_pseudo", "beats": ["real", "real_sim"]},
+        "gap": {"baseline": "real", "oracle": "real_sim"},
+        "curve": ["real"],
     }
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -497,8 +535,9 @@ def test_experiment_runner_micro(data, tmp_path):
     sweep_md = md.split("Synthetic-fraction sweep")[1].split("## Claim")[0]
     assert sweep_md.index("@ 0.25") < sweep_md.index("| 1 lab + 2 pseudo_real |")  # the 0.5 arm is a sweep point too
     for text in ("1 real", "skipped: dataset 'missing'", "Synthetic-fraction sweep", "1 real + 2 pseudo-real @ 0.25",
-                 "## Claim", "id success", "ood success"):
+                 "## Claim", "id success", "ood success", "id gap closed", "## Oracle curve"):
         assert text in md, text
+    assert set(doc["gap_closed"]) == set(names) and doc["curve"][0]["real_episodes"] == 1
     saved = json.loads((tmp_path / "exp" / "results.json").read_text())
     assert [a["name"] for a in saved["arms"]] == names
     assert [r["arm"] for r in saved["rows"]][:2] == ["1 real", "1 lab + 1 sim (front_sim)"]
@@ -530,6 +569,20 @@ def test_experiment_runner_micro(data, tmp_path):
         load_experiment(path, ["train.stepz=3"])
 
 
+def test_gap_closed_is_the_share_of_the_oracle_gap():
+    from comsim.policy.experiment import gap_closed
+    cfg = load_experiment(ROOT / "configs" / "experiments" / "lab_table.yaml")
+
+    def arm(name, id_rate, ood_rate):
+        return {"name": name, "status": "done", "panels": {"id": {"success_rate": id_rate}, "ood": {"success_rate": ood_rate}}}
+    results = [arm(cfg.gap.baseline, 0.2, 0.0), arm(cfg.gap.oracle, 0.8, 0.0), arm("other", 0.5, 0.4),
+               {"name": "skipped_arm", "status": "skipped"}]
+    g = gap_closed(cfg, results)
+    assert g["other"]["id"] == pytest.approx(0.5) and g[cfg.gap.oracle]["id"] == pytest.approx(1.0)
+    assert g["other"]["ood"] is None  # the oracle is no better than the baseline: nothing to close
+    assert g["skipped_arm"] == {"id": None, "ood": None}
+
+
 def test_lab_dataset_build_takes_start_regions(tmp_path):
     """`build: lab` with `regions`: the demonstrations start where the spec says (e.g. a wider
     cube region that covers the OOD panel), recorded in the lab's own look and physics."""
@@ -546,7 +599,7 @@ def test_lab_dataset_build_takes_start_regions(tmp_path):
 
 
 def test_shipped_experiment_configs_load():
-    for name in ("demo_small", "compsim_table"):
+    for name in ("demo_small", "compsim_table", "lab_table"):
         cfg = load_experiment(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert cfg.claim is not None and set(cfg.eval.panels) == {"id", "ood"}
         assert {a.name for a in cfg.all_arms()} >= {cfg.claim.arm, *cfg.claim.beats}

@@ -1,7 +1,7 @@
 """Typed configs of the policy stage (YAML -> dataclasses with comsim.config).
 
-``DiffusionConfig`` sizes the model (beside ``model.py``, LeRobot style); its defaults are
-LeRobot's Diffusion Policy defaults, and ``PRESETS`` holds smaller variants for CPUs.
+``DiffusionConfig`` (in ``model.py``, beside its model, LeRobot style; re-exported here) has
+LeRobot's Diffusion Policy defaults, ``KeypointConfig`` is in ``keypoint.py``.
 ``MixtureConfig`` says which datasets a policy trains on and with which synthetic
 fraction; ``TrainConfig`` the optimisation; ``PolicyRunConfig`` is one training run
 (what ``train/train_policy.py`` runs, and what each experiment arm resolves to).
@@ -13,101 +13,11 @@ from dataclasses import dataclass, field
 
 from comsim.config import ConfigError, from_dict
 from comsim.lab.cell import Region
+from comsim.policy.keypoint import KeypointConfig
+from comsim.policy.model import PRESETS, DiffusionConfig, diffusion_config  # noqa: F401  (re-exported)
 
 SOURCE_ROLES = ("auto", "real", "synthetic")
 REAL_SOURCES = ("real", "lab")  # provenance sources that count as real; sim / pseudo_real are synthetic
-
-
-@dataclass
-class DiffusionConfig:
-    # -- inputs / outputs
-    state_dim: int = 8
-    action_dim: int = 8
-    n_obs_steps: int = 2  # observations the policy sees (current + previous)
-    horizon: int = 16  # actions predicted per denoising
-    n_action_steps: int = 8  # actions executed before re-planning
-    image_size: tuple[int, int] = (96, 96)  # (H, W): frames are resized (area) to this first
-    crop_shape: tuple[int, int] | None = (84, 84)  # random crop in training, centre crop at inference
-    # -- vision: ResNet-18 topology, GroupNorm instead of BatchNorm, spatial softmax keypoints
-    backbone_width: int = 64  # 64 = torchvision's ResNet-18; smaller = same topology, thinner
-    pretrained_backbone: str | None = None  # local torchvision resnet18 state dict (.pth/.safetensors); never downloaded
-    backbone_stages: int = 4  # residual stages kept (4 = all, stride 32; 3 = stride 16 for small images)
-    use_group_norm: bool = True
-    spatial_softmax_num_keypoints: int = 32
-    # -- conditional 1D U-Net
-    down_dims: tuple[int, ...] = (512, 1024, 2048)
-    kernel_size: int = 5
-    n_groups: int = 8
-    diffusion_step_embed_dim: int = 128
-    use_film_scale_modulation: bool = True
-    # -- noise: DDPM in training, DDIM at inference (diffusers schedulers)
-    num_train_timesteps: int = 100
-    beta_schedule: str = "squaredcos_cap_v2"
-    beta_start: float = 0.0001
-    beta_end: float = 0.02
-    prediction_type: str = "epsilon"  # epsilon | sample
-    clip_sample: bool = True
-    clip_sample_range: float = 1.0
-    num_inference_steps: int = 10
-    do_mask_loss_for_padding: bool = False
-
-    def __post_init__(self):
-        self.image_size = tuple(self.image_size)
-        self.crop_shape = tuple(self.crop_shape) if self.crop_shape is not None else None
-        self.down_dims = tuple(self.down_dims)
-        if self.n_obs_steps < 1 or self.horizon < 1 or self.n_action_steps < 1:
-            raise ConfigError("policy: n_obs_steps, horizon and n_action_steps must be >= 1")
-        if self.n_action_steps > self.horizon - self.n_obs_steps + 1:
-            raise ConfigError(f"policy.n_action_steps: {self.n_action_steps} > horizon - n_obs_steps + 1 = "
-                              f"{self.horizon - self.n_obs_steps + 1} (the actions after the current step)")
-        factor = 2 ** (len(self.down_dims) - 1)
-        if self.horizon % factor:
-            raise ConfigError(f"policy.horizon: {self.horizon} must be divisible by 2^(len(down_dims)-1) = {factor}")
-        if self.crop_shape is not None and any(c > s for c, s in zip(self.crop_shape, self.image_size)):
-            raise ConfigError(f"policy.crop_shape {self.crop_shape} is larger than image_size {self.image_size}")
-        if self.backbone_width < 16 or self.backbone_width % 16:
-            raise ConfigError(f"policy.backbone_width: expected a multiple of 16 (GroupNorm groups of 16 "
-                              f"channels), got {self.backbone_width}")
-        if not 1 <= self.backbone_stages <= 4:
-            raise ConfigError(f"policy.backbone_stages: expected 1..4, got {self.backbone_stages}")
-        if any(d % self.n_groups for d in self.down_dims):
-            raise ConfigError(f"policy.down_dims {self.down_dims} must be divisible by n_groups {self.n_groups}")
-        if self.prediction_type not in ("epsilon", "sample"):
-            raise ConfigError(f"policy.prediction_type: expected epsilon|sample, got {self.prediction_type!r}")
-        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
-            raise ConfigError(f"policy.num_inference_steps: expected 1..{self.num_train_timesteps}, "
-                              f"got {self.num_inference_steps}")
-
-    @property
-    def input_shape(self) -> tuple[int, int]:
-        return self.crop_shape or self.image_size
-
-    def describe(self, num_inference_steps: int | None = None) -> str:
-        return (f"Diffusion Policy (ResNet-18 width {self.backbone_width}, {self.image_size[0]}x{self.image_size[1]} "
-                f"images, U-Net {list(self.down_dims)}, DDIM {num_inference_steps or self.num_inference_steps} steps)")
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-# Smaller variants for CPUs. Any field can still be overridden on top of a preset.
-PRESETS: dict[str, dict] = {
-    "default": {},  # LeRobot's sizes: ResNet-18 at 84x84 crops, U-Net (512, 1024, 2048)
-    "small": {"image_size": (96, 96), "crop_shape": (84, 84), "backbone_width": 32, "backbone_stages": 3,
-              "spatial_softmax_num_keypoints": 32, "down_dims": (128, 256, 512), "diffusion_step_embed_dim": 64},
-    "tiny": {"image_size": (64, 64), "crop_shape": (56, 56), "backbone_width": 16, "backbone_stages": 3,
-             "spatial_softmax_num_keypoints": 16, "down_dims": (32, 64, 128), "diffusion_step_embed_dim": 32},
-}
-
-
-def diffusion_config(data: dict | None = None, where: str = "policy") -> DiffusionConfig:
-    """A DiffusionConfig from a YAML mapping; ``preset: tiny|small|default`` fills the rest."""
-    data = dict(data or {})
-    data.pop("type", None)
-    preset = data.pop("preset", "default")
-    if preset not in PRESETS:
-        raise ConfigError(f"{where}.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
-    return from_dict(DiffusionConfig, {**PRESETS[preset], **data}, where)
 
 
 POLICY_TYPES = ("diffusion", "keypoint")
@@ -121,7 +31,6 @@ def policy_config(data: dict | None = None, where: str = "policy"):
     if kind == "diffusion":
         return diffusion_config(data, where)
     if kind == "keypoint":
-        from comsim.policy.keypoint import KeypointConfig  # keypoint.py imports model.py, which imports this file
         return from_dict(KeypointConfig, data, where)
     raise ConfigError(f"{where}.type: expected one of {POLICY_TYPES}, got {kind!r}")
 

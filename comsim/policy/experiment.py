@@ -93,6 +93,14 @@ class ClaimConfig:
 
 
 @dataclass
+class GapConfig:
+    """"Gap closed" of every arm: (arm - baseline) / (oracle - baseline), per panel: 0 is no
+    better than the few real demonstrations, 1 as good as many real ones."""
+    baseline: str  # e.g. 10 real
+    oracle: str  # e.g. 200 real
+
+
+@dataclass
 class ExperimentConfig:
     name: str
     output_dir: str
@@ -105,6 +113,10 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     claim: ClaimConfig | None = None
+    gap: GapConfig | None = None
+    # arms trained on real demonstrations only, in growing numbers: success against the
+    # number of demonstrations (the oracle curve)
+    curve: list[str] = field(default_factory=list)
     cache_dir: str | None = None  # decoded frames shared by arms; default <output_dir>/cache
 
     def __post_init__(self):
@@ -130,6 +142,10 @@ class ExperimentConfig:
             for p in self.claim.panels:
                 if p not in self.eval.panels:
                     raise ConfigError(f"claim.panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
+        for where, a in ([("gap.baseline", self.gap.baseline), ("gap.oracle", self.gap.oracle)] if self.gap else []) \
+                + [(f"curve[{i}]", a) for i, a in enumerate(self.curve)]:
+            if a not in names:
+                raise ConfigError(f"{where}: no arm {a!r}; arms are {names}")
 
     def all_arms(self) -> list[ArmConfig]:
         arms = list(self.arms)
@@ -380,10 +396,43 @@ def judge_claim(cfg: ExperimentConfig, results: list[dict]) -> dict | None:
             "rule": "lower end of the arm's 95% interval above the upper end of the other's"}
 
 
+def gap_closed(cfg: ExperimentConfig, results: list[dict]) -> dict[str, dict[str, float | None]]:
+    """arm -> panel -> (arm - baseline) / (oracle - baseline); None where an arm is missing or
+    the oracle is no better than the baseline (nothing to close)."""
+    if cfg.gap is None:
+        return {}
+    by = {r["name"]: r for r in results if r["status"] == "done"}
+    base, oracle = by.get(cfg.gap.baseline), by.get(cfg.gap.oracle)
+    out = {}
+    for r in results:
+        out[r["name"]] = {}
+        for p in cfg.eval.panels:
+            g = None
+            if r["status"] == "done" and base and oracle:
+                b, o = base["panels"][p]["success_rate"], oracle["panels"][p]["success_rate"]
+                if o > b:
+                    g = (r["panels"][p]["success_rate"] - b) / (o - b)
+            out[r["name"]][p] = g
+    return out
+
+
+def oracle_curve(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
+    """Success of the ``curve`` arms against their number of real demonstrations."""
+    by = {r["name"]: r for r in results if r["status"] == "done"}
+    points = []
+    for name in cfg.curve:
+        if name in by:
+            r = by[name]
+            points.append({"arm": name, "real_episodes": sum(x["episodes"] for x in r["data"] if x["pool"] == "real"),
+                           **{p: {k: r["panels"][p][k] for k in ("success_rate", "ci95")} for p in cfg.eval.panels}})
+    return sorted(points, key=lambda q: q["real_episodes"])
+
+
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     out = Path(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
-           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results), "rows": _rows(cfg, results)}
+           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
+           "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(out / "results.json") as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     with atomic_output(out / "results.md") as tmp:
@@ -392,13 +441,20 @@ def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
 
 
 def _rows(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
-    rows = []
+    rows, gaps = [], gap_closed(cfg, results)
     for r in results:
         row = {"arm": r.get("label") or r["name"], "synthetic fraction (asked / drawn)": _fraction(r)}
         for p in cfg.eval.panels:
             row[f"{p} success [95% CI]"] = _cell(r, p) if r["status"] == "done" else f"skipped: {r['reason']}"
+        if cfg.gap is not None:
+            for p in cfg.eval.panels:
+                row[f"{p} gap closed"] = _gap(gaps[r["name"]][p])
         rows.append(row)
     return rows
+
+
+def _gap(g: float | None) -> str:
+    return "-" if g is None else f"{g:+.2f}"
 
 
 def _cell(r: dict, panel: str) -> str:
@@ -426,14 +482,19 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
              "95% Wilson interval (successes/trials).", ""]
     sweep = set(doc["sweep"])
 
+    gaps = doc.get("gap_closed") or {}
+
     def table(rows, first):
-        head = [first, "Synthetic fraction (asked / drawn)", *[f"{p} success" for p in panels]]
+        head = [first, "Synthetic fraction (asked / drawn)", *[f"{p} success" for p in panels],
+                *([f"{p} gap closed" for p in panels] if cfg.gap else [])]
         out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             name = r.get("label") or r["name"]
             cells = [_cell(r, p) for p in panels]
             if r["status"] != "done":
                 cells = [f"skipped: {r['reason']}"] + [""] * (len(panels) - 1)
+            if cfg.gap:
+                cells += [_gap(gaps.get(r["name"], {}).get(p)) for p in panels]
             out.append("| " + " | ".join([name, _fraction(r), *cells]) + " |")
         return out
 
@@ -448,6 +509,18 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
                     key=lambda r: (r.get("synthetic_fraction_requested") is None, r.get("synthetic_fraction_requested")))
         lines += [f"## Synthetic-fraction sweep: {cfg.sweep.label or cfg.sweep.name}", ""]
         lines += table(sw, "Arm") + [""]
+    if cfg.gap:
+        lines += [f"Gap closed = (arm - `{cfg.gap.baseline}`) / (`{cfg.gap.oracle}` - `{cfg.gap.baseline}`) per panel, "
+                  "from the success rates; '-' where the oracle is no better than the baseline.", ""]
+    if doc.get("curve"):
+        lines += ["## Oracle curve: success against the number of real demonstrations", "",
+                  "| Real demonstrations | " + " | ".join(f"{p} success [95% CI]" for p in panels) + " |",
+                  "|---|" + "---|" * len(panels)]
+        for q in doc["curve"]:
+            lines.append(f"| {q['real_episodes']} | " + " | ".join(
+                f"{100 * q[p]['success_rate']:.0f}% [{100 * q[p]['ci95'][0]:.0f}, {100 * q[p]['ci95'][1]:.0f}]"
+                for p in panels) + " |")
+        lines.append("")
     claim = doc.get("claim")
     if claim:
         verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "UNDECIDED"}[claim["holds"]]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,8 @@ from safetensors.torch import load_file, save_file
 
 from comsim.config import ConfigError
 from comsim.io.video import atomic_output
-from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, STAT_RANGE_EPS, SpatialSoftmax, resize_frames
+from comsim.episode import resize_frames
+from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, STAT_RANGE_EPS, SpatialSoftmax
 
 
 @dataclass
@@ -46,11 +48,20 @@ class KeypointConfig:
     n_action_steps: int = 1  # frames between chunks (1: a new chunk every frame, ensembled)
     temporal_ensemble_coeff: float | None = 0.01  # ACT's m; null: execute n_action_steps of each chunk as is
     image_size: tuple[int, int] = (128, 128)  # (H, W): the lab camera's and the translator's resolution
-    shift: int = 6  # px of random shift in training (0: none)
+    # (top, left, height, width) of the part of the frame the policy looks at, in image_size
+    # pixels: the table and what stands on it. A fixed camera sees the workspace in a fixed
+    # place, so cropping to it keeps the cube at full resolution and cuts the conv cost.
+    crop: tuple[int, int, int, int] | None = None
+    shift: int = 0  # px of random shift in training (0: none; positions are absolute for a fixed camera)
     # -- vision: conv stack, GroupNorm, spatial softmax
     channels: tuple[int, ...] = (16, 32, 32, 64)
     strides: tuple[int, ...] = (2, 2, 1, 1)  # the first conv is 5x5, the others 3x3
-    num_keypoints: int = 32
+    num_keypoints: int = 32  # from the conv stack (0: no conv stack)
+    # keypoints of a per-pixel colour branch at the input's full resolution (1x1 convs, then a
+    # spatial softmax with a learned gain): it can only say where a colour is, not memorise
+    # a scene, and it sees a 5-px cube whole (0: no colour branch)
+    pixel_keypoints: int = 0
+    pixel_hidden: int = 16
     # -- head
     use_state: bool = True  # the measured joint positions join the keypoints
     hidden_dim: int = 256
@@ -60,14 +71,24 @@ class KeypointConfig:
     def __post_init__(self):
         self.image_size = tuple(self.image_size)
         self.channels, self.strides = tuple(self.channels), tuple(self.strides)
+        if self.crop is not None:
+            self.crop = tuple(int(v) for v in self.crop)
+            t, l, h, w = self.crop if len(self.crop) == 4 else (-1,) * 4
+            if len(self.crop) != 4 or t < 0 or l < 0 or h < 8 or w < 8 or t + h > self.image_size[0] \
+                    or l + w > self.image_size[1]:
+                raise ConfigError(f"policy.crop: expected [top, left, height, width] inside image_size "
+                                  f"{list(self.image_size)} (height, width >= 8), got {list(self.crop)}")
         if self.n_obs_steps < 1 or self.horizon < 1 or self.n_action_steps < 1:
             raise ConfigError("policy: n_obs_steps, horizon and n_action_steps must be >= 1")
         if self.n_action_steps > self.horizon - self.n_obs_steps + 1:
             raise ConfigError(f"policy.n_action_steps: {self.n_action_steps} > horizon - n_obs_steps + 1 = "
                               f"{self.horizon - self.n_obs_steps + 1} (the actions after the current step)")
-        if len(self.channels) != len(self.strides) or not self.channels:
+        if len(self.channels) != len(self.strides) or (self.num_keypoints and not self.channels):
             raise ConfigError(f"policy.channels {self.channels} and policy.strides {self.strides}: "
                               "expected two lists of the same non-zero length")
+        if self.num_keypoints < 0 or self.pixel_keypoints < 0 or self.num_keypoints + self.pixel_keypoints == 0:
+            raise ConfigError(f"policy.num_keypoints ({self.num_keypoints}) and policy.pixel_keypoints "
+                              f"({self.pixel_keypoints}): expected >= 0 and at least one keypoint")
         if any(c % 8 for c in self.channels):
             raise ConfigError(f"policy.channels: expected multiples of 8 (GroupNorm groups of 8), got {self.channels}")
         if self.temporal_ensemble_coeff is not None and self.temporal_ensemble_coeff < 0:
@@ -91,19 +112,39 @@ class KeypointEncoder(nn.Module):
 
     def __init__(self, cfg: KeypointConfig):
         super().__init__()
-        layers, cin = [], 3
-        for i, (c, s) in enumerate(zip(cfg.channels, cfg.strides)):
-            k = 5 if i == 0 else 3
-            layers += [nn.Conv2d(cin, c, k, s, k // 2), nn.GroupNorm(c // 8, c), nn.ReLU(inplace=True)]
-            cin = c
-        self.net = nn.Sequential(*layers)
-        with torch.no_grad():
-            fmap = self.net(torch.zeros(1, 3, *cfg.image_size))
-        self.pool = SpatialSoftmax(cin, fmap.shape[2], fmap.shape[3], cfg.num_keypoints)
-        self.feature_dim = 2 * cfg.num_keypoints
+        H, W = input_shape(cfg)
+        self.net = self.pool = self.pixel = self.pixel_pool = None
+        if cfg.num_keypoints:
+            layers, cin = [], 3
+            for i, (c, s) in enumerate(zip(cfg.channels, cfg.strides)):
+                k = 5 if i == 0 else 3
+                layers += [nn.Conv2d(cin, c, k, s, k // 2), nn.GroupNorm(c // 8, c), nn.ReLU(inplace=True)]
+                cin = c
+            self.net = nn.Sequential(*layers)
+            with torch.no_grad():
+                fmap = self.net(torch.zeros(1, 3, H, W))
+            self.pool = SpatialSoftmax(cin, fmap.shape[2], fmap.shape[3], cfg.num_keypoints)
+        if cfg.pixel_keypoints:
+            self.pixel = nn.Sequential(nn.Conv2d(3, cfg.pixel_hidden, 1), nn.ReLU(inplace=True))
+            self.pixel_pool = SpatialSoftmax(cfg.pixel_hidden, H, W, cfg.pixel_keypoints)
+            # softmax over thousands of pixels: a gain lets a few pixels of one colour win
+            self.pixel_log_gain = nn.Parameter(torch.tensor(math.log(PIXEL_GAIN_INIT)))
+        self.feature_dim = 2 * (cfg.num_keypoints + cfg.pixel_keypoints)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.pool(self.net(x))
+        feats = []
+        if self.net is not None:
+            feats.append(self.pool(self.net(x)))
+        if self.pixel is not None:
+            feats.append(self.pixel_pool(self.pixel(x), gain=self.pixel_log_gain.exp()))
+        return torch.cat(feats, dim=-1)
+
+
+PIXEL_GAIN_INIT = 10.0
+
+
+def input_shape(cfg: KeypointConfig) -> tuple[int, int]:
+    return tuple(cfg.crop[2:]) if cfg.crop is not None else tuple(cfg.image_size)
 
 
 def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator | None) -> torch.Tensor:
@@ -162,6 +203,9 @@ class KeypointPolicy(nn.Module):
         cfg = self.config
         B, n = images.shape[:2]
         x = images.flatten(0, 1).float() / 127.5 - 1.0
+        if cfg.crop is not None:
+            t, l, h, w = cfg.crop
+            x = x[..., t:t + h, l:l + w]
         if self.training:
             x = random_shift(x, cfg.shift, generator)
         feats = [self.encoder(x).reshape(B, n, -1)]

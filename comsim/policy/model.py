@@ -12,16 +12,17 @@ of them (starting at the current step), then re-plan.
 Normalisation (LeRobot's for Diffusion Policy): actions and states min-max to [-1, 1] with
 statistics of the training mixture, stored as buffers, so ``save_pretrained`` /
 ``from_pretrained`` (safetensors + config.json) reproduce actions exactly. Images: uint8 ->
-[-1, 1] after an area resize to ``image_size`` (``resize_frames``, shared with the data).
+[-1, 1] after a resize to ``image_size`` (``comsim.episode.resize_frames``, as the data).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
 import torch.nn as nn
@@ -31,21 +32,105 @@ from diffusers import DDIMScheduler, DDPMScheduler
 from safetensors.torch import load_file, save_file
 from torchvision.models.resnet import BasicBlock
 
+from comsim.config import ConfigError, from_dict
+from comsim.episode import resize_frames
 from comsim.io.video import atomic_output
-from comsim.policy.config import DiffusionConfig
 
 CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 STAT_RANGE_EPS = 1e-4  # a constant dimension is mapped to -1 instead of dividing by zero
 
 
-def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """uint8 (..., H, W, 3) -> uint8 (..., h, w, 3), area interpolation (identity if equal)."""
-    h, w = size
-    if frames.shape[-3:-1] == (h, w):
-        return np.ascontiguousarray(frames)
-    flat = frames.reshape(-1, *frames.shape[-3:])
-    out = np.stack([cv2.resize(f, (w, h), interpolation=cv2.INTER_AREA) for f in flat])
-    return out.reshape(*frames.shape[:-3], h, w, 3)
+@dataclass
+class DiffusionConfig:
+    # -- inputs / outputs
+    state_dim: int = 8
+    action_dim: int = 8
+    n_obs_steps: int = 2  # observations the policy sees (current + previous)
+    horizon: int = 16  # actions predicted per denoising
+    n_action_steps: int = 8  # actions executed before re-planning
+    image_size: tuple[int, int] = (96, 96)  # (H, W): frames are resized (area) to this first
+    crop_shape: tuple[int, int] | None = (84, 84)  # random crop in training, centre crop at inference
+    # -- vision: ResNet-18 topology, GroupNorm instead of BatchNorm, spatial softmax keypoints
+    backbone_width: int = 64  # 64 = torchvision's ResNet-18; smaller = same topology, thinner
+    pretrained_backbone: str | None = None  # local torchvision resnet18 state dict (.pth/.safetensors); never downloaded
+    backbone_stages: int = 4  # residual stages kept (4 = all, stride 32; 3 = stride 16 for small images)
+    use_group_norm: bool = True
+    spatial_softmax_num_keypoints: int = 32
+    # -- conditional 1D U-Net
+    down_dims: tuple[int, ...] = (512, 1024, 2048)
+    kernel_size: int = 5
+    n_groups: int = 8
+    diffusion_step_embed_dim: int = 128
+    use_film_scale_modulation: bool = True
+    # -- noise: DDPM in training, DDIM at inference (diffusers schedulers)
+    num_train_timesteps: int = 100
+    beta_schedule: str = "squaredcos_cap_v2"
+    beta_start: float = 0.0001
+    beta_end: float = 0.02
+    prediction_type: str = "epsilon"  # epsilon | sample
+    clip_sample: bool = True
+    clip_sample_range: float = 1.0
+    num_inference_steps: int = 10
+    do_mask_loss_for_padding: bool = False
+
+    def __post_init__(self):
+        self.image_size = tuple(self.image_size)
+        self.crop_shape = tuple(self.crop_shape) if self.crop_shape is not None else None
+        self.down_dims = tuple(self.down_dims)
+        if self.n_obs_steps < 1 or self.horizon < 1 or self.n_action_steps < 1:
+            raise ConfigError("policy: n_obs_steps, horizon and n_action_steps must be >= 1")
+        if self.n_action_steps > self.horizon - self.n_obs_steps + 1:
+            raise ConfigError(f"policy.n_action_steps: {self.n_action_steps} > horizon - n_obs_steps + 1 = "
+                              f"{self.horizon - self.n_obs_steps + 1} (the actions after the current step)")
+        factor = 2 ** (len(self.down_dims) - 1)
+        if self.horizon % factor:
+            raise ConfigError(f"policy.horizon: {self.horizon} must be divisible by 2^(len(down_dims)-1) = {factor}")
+        if self.crop_shape is not None and any(c > s for c, s in zip(self.crop_shape, self.image_size)):
+            raise ConfigError(f"policy.crop_shape {self.crop_shape} is larger than image_size {self.image_size}")
+        if self.backbone_width < 16 or self.backbone_width % 16:
+            raise ConfigError(f"policy.backbone_width: expected a multiple of 16 (GroupNorm groups of 16 "
+                              f"channels), got {self.backbone_width}")
+        if not 1 <= self.backbone_stages <= 4:
+            raise ConfigError(f"policy.backbone_stages: expected 1..4, got {self.backbone_stages}")
+        if any(d % self.n_groups for d in self.down_dims):
+            raise ConfigError(f"policy.down_dims {self.down_dims} must be divisible by n_groups {self.n_groups}")
+        if self.prediction_type not in ("epsilon", "sample"):
+            raise ConfigError(f"policy.prediction_type: expected epsilon|sample, got {self.prediction_type!r}")
+        if not 1 <= self.num_inference_steps <= self.num_train_timesteps:
+            raise ConfigError(f"policy.num_inference_steps: expected 1..{self.num_train_timesteps}, "
+                              f"got {self.num_inference_steps}")
+
+    @property
+    def input_shape(self) -> tuple[int, int]:
+        return self.crop_shape or self.image_size
+
+    def describe(self, num_inference_steps: int | None = None) -> str:
+        return (f"Diffusion Policy (ResNet-18 width {self.backbone_width}, {self.image_size[0]}x{self.image_size[1]} "
+                f"images, U-Net {list(self.down_dims)}, DDIM {num_inference_steps or self.num_inference_steps} steps)")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Smaller variants for CPUs. Any field can still be overridden on top of a preset.
+PRESETS: dict[str, dict] = {
+    "default": {},  # LeRobot's sizes: ResNet-18 at 84x84 crops, U-Net (512, 1024, 2048)
+    "small": {"image_size": (96, 96), "crop_shape": (84, 84), "backbone_width": 32, "backbone_stages": 3,
+              "spatial_softmax_num_keypoints": 32, "down_dims": (128, 256, 512), "diffusion_step_embed_dim": 64},
+    "tiny": {"image_size": (64, 64), "crop_shape": (56, 56), "backbone_width": 16, "backbone_stages": 3,
+             "spatial_softmax_num_keypoints": 16, "down_dims": (32, 64, 128), "diffusion_step_embed_dim": 32},
+}
+
+
+def diffusion_config(data: dict | None = None, where: str = "policy") -> DiffusionConfig:
+    """A DiffusionConfig from a YAML mapping; ``preset: tiny|small|default`` fills the rest."""
+    data = dict(data or {})
+    data.pop("type", None)
+    preset = data.pop("preset", "default")
+    if preset not in PRESETS:
+        raise ConfigError(f"{where}.preset: expected one of {sorted(PRESETS)}, got {preset!r}")
+    return from_dict(DiffusionConfig, {**PRESETS[preset], **data}, where)
+
 
 
 # ----------------------------------------------------------------------------- vision
@@ -77,8 +162,8 @@ class SpatialSoftmax(nn.Module):
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
         self.register_buffer("pos_grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=1), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        attn = F.softmax(self.keypoints(x).flatten(2), dim=-1)  # (B, K, H*W)
+    def forward(self, x: torch.Tensor, gain: torch.Tensor | float = 1.0) -> torch.Tensor:
+        attn = F.softmax(gain * self.keypoints(x).flatten(2), dim=-1)  # (B, K, H*W)
         return (attn @ self.pos_grid).flatten(1)  # (B, K*2)
 
 
@@ -352,7 +437,6 @@ class DiffusionPolicy(nn.Module):
         data.pop("type", None)
         data.pop("extra", None)
         data["pretrained_backbone"] = None  # the weights below hold the backbone
-        from comsim.config import from_dict
         cfg = from_dict(DiffusionConfig, data, str(path / CONFIG_NAME))
         policy = cls(cfg)
         policy.load_state_dict(load_file(str(path / WEIGHTS_NAME), device=map_location))
