@@ -1,6 +1,6 @@
 """Benchmark: train one arm of a policy experiment and score it closed-loop on fixed panels.
 
-    python bench/policy.py --experiment configs/experiments/lab_oracle.yaml --arm oracle200 \
+    python bench/policy.py --experiment configs/experiments/lab_table.yaml --arm oracle200 \
         eval.n_trials=20 eval.seed=200000 output_dir=/tmp/bench_oracle
 
 Trains the arm's policy (or finds it trained: the experiment's own cache, keyed by data,

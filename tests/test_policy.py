@@ -603,9 +603,12 @@ def test_shipped_experiment_configs_load():
         cfg = load_experiment(ROOT / "configs" / "experiments" / f"{name}.yaml")
         assert cfg.claim is not None and set(cfg.eval.panels) == {"id", "ood"}
         assert {a.name for a in cfg.all_arms()} >= {cfg.claim.arm, *cfg.claim.beats}
-    oracle = load_experiment(ROOT / "configs" / "experiments" / "lab_oracle.yaml")
-    assert isinstance(policy_config(oracle.policy), KeypointConfig) and oracle.train.steps <= 4000
-    assert oracle.datasets["lab_wide"].regions["red_cube"].x == [0.35, 0.67]
+    table = load_experiment(ROOT / "configs" / "experiments" / "lab_table.yaml")
+    assert isinstance(policy_config(table.policy), KeypointConfig) and table.train.steps <= 4000
+    assert table.datasets["lab_wide"].regions["red_cube"].x == [0.35, 0.67]
+    assert table.gap.oracle == "oracle200" and table.curve == ["real10", "real50", "oracle200"]
+    assert {a.name for a in table.all_arms()} >= {"real10", "real10_sim200", "real10_pseudo200", "pseudo200",
+                                                  "oracle200"} and table.sweep is not None
 
 
 @pytest.mark.slow

@@ -173,7 +173,13 @@ def _policy(run: Path) -> None:
             {"arm": "10 real + pseudo-real", "synthetic fraction (asked / drawn)": "0.5 / 0.498",
              "id success [95% CI]": "60% [31, 83] (6/10)", "ood success [95% CI]": "40% [17, 69] (4/10)"}]
     _write_json(exp / "results.json", {
-        "experiment": "demo", "task": "push", "config": {"eval": {"panels": {"id": {}, "ood": {}}}}, "arms": arms,
+        "experiment": "demo", "task": "push", "arms": arms,
+        "config": {"eval": {"panels": {"id": {}, "ood": {}}}, "gap": {"baseline": "real10", "oracle": "real200"}},
+        "gap_closed": {"real10": {"id": 0.0, "ood": 0.0}, "real10_pseudo": {"id": 0.5, "ood": None}},
+        "curve": [{"arm": "real10", "real_episodes": 10, "id": {"success_rate": 0.3, "ci95": [0.11, 0.6]},
+                   "ood": {"success_rate": 0.1, "ci95": [0.02, 0.4]}},
+                  {"arm": "real200", "real_episodes": 200, "id": {"success_rate": 0.9, "ci95": [0.6, 0.98]},
+                   "ood": {"success_rate": 0.6, "ci95": [0.31, 0.83]}}],
         "claim": {"arm": "real10_pseudo", "beats": ["real10"], "panels": ["id", "ood"], "holds": False,
                   "checks": [], "rule": "lower end above upper end"}, "rows": rows})
 
@@ -259,7 +265,8 @@ def test_report_page_from_a_run_dir(report):
     assert policy.count("aria-label='id:") + policy.count("aria-label='ood:") == 3  # top views with positions
     for text in ("no per-trial list in this eval file", "no video of a successful trial recorded",
                  "id: successful rollout: trial 1, seed 1001", "id: failed rollout: trial 0, seed 1000",
-                 "ood: failed rollout: trial 0", "2 min 36 s", "ends 3.0 cm from the target"):
+                 "ood: failed rollout: trial 0", "2 min 36 s", "ends 3.0 cm from the target",
+                 "Oracle curve: success vs real demonstrations", "Gap closed = (arm - real10) / (real200 - real10)"):
         assert text in policy, text
 
     # rebuilding replaces the page atomically and drops media it no longer uses

@@ -50,6 +50,8 @@ class DatasetSpec:
     seed: int = 0
     program: str | None = None  # factory: task YAML or built-in name; default: the experiment's task
     split: str = "id"  # factory: layout split
+    controls: list[str] = field(default_factory=list)  # factory: control videos beside the render (e.g. [seg],
+    #                                                    which a translator conditioned on segmentation needs)
     scene: str | None = None  # factory: twin scene YAML to generate in, e.g. the aligned twin
     #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
     input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
@@ -227,7 +229,7 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             from comsim.factory.generate import generate_dataset
             log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
             generate_dataset(spec.program or cfg.task, spec.episodes, path, workers=spec.workers, seed=spec.seed,
-                             split=spec.split, scene=spec.scene)
+                             split=spec.split, scene=spec.scene, controls=tuple(spec.controls))
         elif spec.build == "convert":
             if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from comsim.report.html import Report, fmt_seconds, missing_figure, read_json
-from comsim.report.plots import bar_chart_svg, top_view_svg
+from comsim.report.plots import bar_chart_svg, line_chart_svg, top_view_svg
 from comsim.run_layout import RunLayout
 
 
@@ -48,10 +48,35 @@ def policy_section(rep: Report, run: Path) -> None:
     if any(v is not None for g in groups.values() for v in g.values()):
         rep.raw("<div class='row'>" + bar_chart_svg(groups, title="Policy success rate", unit="95% interval",
                                                      intervals=whiskers, vmax=1.0, percent=True) + "</div>")
+    _curves(rep, doc, arms, panels)
     done = [a for a in arms if a.get("status") == "done"]
     rep.table([_times(a, panels) for a in done if isinstance(a.get("train"), dict)],
               caption="training and evaluation per arm (wall times)")
     _rollouts(rep, path.parent, done, panels)
+
+
+def _curves(rep: Report, doc: dict, arms: list[dict], panels: list[str]) -> None:
+    """The oracle curve (success against the number of real demonstrations) and the sweep
+    (success against the synthetic fraction), one line per panel."""
+    svgs = []
+    curve = doc.get("curve") or []
+    if curve:
+        series = {p: [(q["real_episodes"], q[p]["success_rate"]) for q in curve if p in q] for p in panels}
+        svgs.append(line_chart_svg(series, title="Oracle curve: success vs real demonstrations",
+                                   xlabel="real demonstrations", ylabel="success rate", log_y=False))
+    sweep = set(doc.get("sweep") or [])
+    points = [a for a in arms if a.get("name") in sweep and a.get("status") == "done"]
+    if points:
+        series = {p: sorted((a["synthetic_fraction"], a["panels"][p]["success_rate"]) for a in points) for p in panels}
+        svgs.append(line_chart_svg(series, title="Synthetic-fraction sweep", xlabel="synthetic fraction",
+                                   ylabel="success rate", log_y=False))
+    if any(svgs):
+        rep.raw("<div class='row'>" + "".join(svgs) + "</div>")
+    gaps = doc.get("gap_closed") or {}
+    gap = (doc.get("config") or {}).get("gap")
+    if gaps and gap:
+        rep.text(f"Gap closed = (arm - {gap.get('baseline')}) / ({gap.get('oracle')} - {gap.get('baseline')}) per "
+                 "panel, from the success rates ('-' where the oracle is no better than the baseline).")
 
 
 def _label(arm: dict) -> str:
