@@ -12,7 +12,9 @@ stage or moving an output cannot break one without the other::
     pseudo_real/, pseudo_real_ood/   the factory episodes converted: <cam> pseudo-real, <cam>_sim
     heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
     metrics.json              {comparison: evaluate_video report} (or one report); the video metrics' done marker
-    policy/results.json       policy experiment (or results.json at the top, as eval_policy writes)
+    policy/                   the policy experiment's folder (ExperimentLayout): results.json, results.md,
+                              arms/<arm>-<key>/ (policy/, eval-<panel>-<key>.json, trials-<panel>-<key>.jsonl,
+                              videos/), cache/ (decoded frames shared by the arms)
     stages.json               {"timings": {stage: s}, "failures": {stage: reason}} (demo)
     report.html, report_media/   the report
 """
@@ -45,8 +47,33 @@ STAGES = (
     Stage(FACTORY, "sim", "dataset"),
     Stage(CONVERT, "pseudo_real", "dataset"),
     Stage(VIDEO_METRICS, "metrics.json", "file"),
-    Stage(POLICY, "policy/results.json", "file"),
+    Stage(POLICY, "policy/results.json", "file"),  # ExperimentLayout("policy").results
 )
+
+
+class ExperimentLayout:
+    """Paths of one policy experiment's folder (``output_dir``; the demo's ``policy/``)."""
+
+    def __init__(self, root: str | Path):
+        self.root = r = Path(root)
+        self.results, self.results_md = r / "results.json", r / "results.md"
+        self.arms, self.cache = r / "arms", r / "cache"
+
+    def arm(self, name: str, key: str) -> Path:
+        """An arm's folder: its name and the hash of its data, policy and training config."""
+        return self.arms / f"{name}-{key}"
+
+    @staticmethod
+    def eval_file(arm_dir: Path, panel: str, key: str) -> Path:
+        return Path(arm_dir) / f"eval-{panel}-{key}.json"
+
+    @staticmethod
+    def eval_files(arm_dir: Path, panel: str) -> list[Path]:
+        return sorted(Path(arm_dir).glob(f"eval-{panel}-*.json"))
+
+    @staticmethod
+    def trial_log(arm_dir: Path, panel: str, key: str) -> Path:
+        return Path(arm_dir) / f"trials-{panel}-{key}.jsonl"
 
 
 class RunLayout:
@@ -67,6 +94,7 @@ class RunLayout:
         self.sim_ood, self.pseudo_real_ood = r / "sim_ood", r / "pseudo_real_ood"
         self.heldout = r / "heldout_pseudo_real"
         self.policy = self.policy_results.parent
+        self.experiment = ExperimentLayout(self.policy)
         self.stages = r / "stages.json"
         self.report, self.report_media = r / "report.html", r / "report_media"
 

@@ -31,6 +31,26 @@ def test_run_layout_names_every_stage_output(tmp_path):
             raise AssertionError("an unknown name was accepted")
 
 
+def test_experiment_layout_is_what_the_runner_writes_and_the_report_reads(tmp_path):
+    """The experiment runner names its arm folders, eval files and trial logs through
+    ExperimentLayout; the demo's policy folder is one."""
+    from comsim.policy.experiment import arm_run, eval_key, load_experiment
+    from comsim.run_layout import ExperimentLayout, RunLayout
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_experiment(root / "configs" / "experiments" / "lab_table.yaml", [f"output_dir={tmp_path}"])
+    layout = ExperimentLayout(tmp_path)
+    run = arm_run(cfg, cfg.arms[0])
+    assert Path(run.output_dir).parent == layout.arms and Path(run.output_dir).name.startswith(cfg.arms[0].name + "-")
+    assert Path(run.cache_dir) == layout.cache
+    f = layout.eval_file(run.output_dir, "ood", eval_key(cfg, "ood"))
+    f.parent.mkdir(parents=True)
+    f.write_text("{}")
+    assert layout.eval_files(run.output_dir, "ood") == [f] and layout.eval_files(run.output_dir, "id") == []
+    assert RunLayout(tmp_path).experiment.results == RunLayout(tmp_path).policy_results
+
+
 def test_the_demo_logs_the_stages_the_report_lists(tmp_path, monkeypatch):
     """The demo's stage names are the report's: a demo whose first stage fails records every stage
     (failed or skipped) in stages.json, and the report's stage table shows each one, none left over."""

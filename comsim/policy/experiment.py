@@ -33,6 +33,7 @@ from comsim.episode import hash_dict
 from comsim.io.video import atomic_output
 from comsim.lab.cell import Region
 from comsim.policy.config import EvalConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig, policy_config
+from comsim.run_layout import ExperimentLayout
 
 BUILDS = ("lab", "factory", "convert")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -187,9 +188,9 @@ def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
     key = hash_dict({"data": to_dict(mix), "policy": policy_config(cfg.policy).to_dict(), "train": train})
-    out = Path(cfg.output_dir)
-    return PolicyRunConfig(output_dir=str(out / "arms" / f"{arm.name}-{key[:8]}"), data=mix, policy=dict(cfg.policy),
-                           train=cfg.train, cache_dir=cfg.cache_dir or str(out / "cache"))
+    layout = ExperimentLayout(cfg.output_dir)
+    return PolicyRunConfig(output_dir=str(layout.arm(arm.name, key[:8])), data=mix, policy=dict(cfg.policy),
+                           train=cfg.train, cache_dir=cfg.cache_dir or str(layout.cache))
 
 
 def eval_key(cfg: ExperimentConfig, panel: str) -> str:
@@ -268,12 +269,12 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
         log(f"experiment: training arm {arm.name!r} ({len(data)} frames, synthetic fraction "
             f"{data.synthetic_fraction:.3f}) -> {out}")
     train_log = train_policy(run, data=data, progress=progress)
-    paths = {p: out / f"eval-{p}-{eval_key(cfg, p)}.json" for p in cfg.eval.panels}
+    paths = {p: ExperimentLayout.eval_file(out, p, eval_key(cfg, p)) for p in cfg.eval.panels}
     todo = [p for p, path in paths.items() if not path.is_file()]
     for pname in todo:
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
     jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1,
-             str(out / f"trials-{p}-{trials_key(cfg, p)}.jsonl")) for p in todo]
+             str(ExperimentLayout.trial_log(out, p, trials_key(cfg, p)))) for p in todo]
     if cfg.eval.workers > 1 and len(todo) > 1:  # one process per panel: a panel's trials do not depend on the process
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -367,7 +368,7 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
             results.append(run_arm(cfg, arm, log, progress))
         write_results(cfg, results)  # after every arm: a partial table is always on disk
     out = write_results(cfg, results)
-    log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {Path(cfg.output_dir) / 'results.md'}")
+    log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {ExperimentLayout(cfg.output_dir).results_md}")
     return out
 
 
@@ -431,13 +432,13 @@ def oracle_curve(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
 
 
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
-    out = Path(cfg.output_dir)
+    layout = ExperimentLayout(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
            "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
            "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
-    with atomic_output(out / "results.json") as tmp:
+    with atomic_output(layout.results) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    with atomic_output(out / "results.md") as tmp:
+    with atomic_output(layout.results_md) as tmp:
         tmp.write_text(render_markdown(cfg, doc))
     return doc
 

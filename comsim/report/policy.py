@@ -17,11 +17,11 @@ import numpy as np
 
 from comsim.report.html import Report, fmt_seconds, missing_figure, read_json
 from comsim.report.plots import bar_chart_svg, line_chart_svg, top_view_svg
-from comsim.run_layout import RunLayout
+from comsim.run_layout import ExperimentLayout, RunLayout
 
 
 def policy_section(rep: Report, run: Path) -> None:
-    path = next((p for p in (RunLayout(run).policy_results, run / "results.json") if p.is_file()), None)
+    path = next((p for p in (RunLayout(run).policy_results, ExperimentLayout(run).results) if p.is_file()), None)
     doc = read_json(path) if path else None
     if not isinstance(doc, dict) or "arms" not in doc:
         rep.absent("not run: no policy/results.json (written by the policy experiment, "
@@ -136,7 +136,7 @@ def _arm_dir(exp_dir: Path, arm: dict) -> Path | None:
     d = arm.get("dir")
     if not d:
         return None
-    for cand in (exp_dir / "arms" / Path(d).name, Path(d)):  # the run folder may have moved
+    for cand in (ExperimentLayout(exp_dir).arms / Path(d).name, Path(d)):  # the run folder may have moved
         if cand.is_dir():
             return cand
     return None
@@ -147,7 +147,7 @@ def _eval_doc(adir: Path | None, arm: dict, panel: str):
     one results.json reports (its name's key hashes an eval config the report does not know)."""
     if adir is None:
         return None, f"arm folder {arm.get('dir')} not found"
-    files = sorted(adir.glob(f"eval-{panel}-*.json"))
+    files = ExperimentLayout.eval_files(adir, panel)
     if not files:
         return None, f"no eval-{panel}-*.json in {adir.name}"
     want = ((arm.get("panels") or {}).get(panel) or {}).get("wall_s")
