@@ -174,7 +174,8 @@ def _policy(run: Path) -> None:
              "id success [95% CI]": "60% [31, 83] (6/10)", "ood success [95% CI]": "40% [17, 69] (4/10)"}]
     _write_json(exp / "results.json", {
         "experiment": "demo", "task": "push", "arms": arms,
-        "config": {"eval": {"panels": {"id": {}, "ood": {}}}, "gap": {"baseline": "real10", "oracle": "real200"}},
+        "config": {"eval": {"panels": {"id": {}, "ood": {}}, "n_trials": 10}, "train": {"steps": 300, "batch_size": 32},
+                   "gap": {"baseline": "real10", "oracle": "real200"}},
         "gap_closed": {"real10": {"id": 0.0, "ood": 0.0}, "real10_pseudo": {"id": 0.5, "ood": None}},
         "curve": [{"arm": "real10", "real_episodes": 10, "id": {"success_rate": 0.3, "ci95": [0.11, 0.6]},
                    "ood": {"success_rate": 0.1, "ci95": [0.02, 0.4]}},
@@ -266,7 +267,8 @@ def test_report_page_from_a_run_dir(report):
     for text in ("no per-trial list in this eval file", "no video of a successful trial recorded",
                  "id: successful rollout: trial 1, seed 1001", "id: failed rollout: trial 0, seed 1000",
                  "ood: failed rollout: trial 0", "2 min 36 s", "ends 3.0 cm from the target",
-                 "Oracle curve: success vs real demonstrations", "Gap closed = (arm - real10) / (real200 - real10)"):
+                 "Oracle curve: success vs real demonstrations", "Gap closed = (arm - real10) / (real200 - real10)",
+                 "Size: 300 training steps of batch 32 per arm, 10 trials per panel (demo)"):
         assert text in policy, text
 
     # rebuilding replaces the page atomically and drops media it no longer uses

@@ -31,6 +31,11 @@ def policy_section(rep: Report, run: Path) -> None:
     panels = list(((doc.get("config") or {}).get("eval") or {}).get("panels") or
                   dict.fromkeys(p for a in arms for p in (a.get("panels") or {})))
     rows = doc.get("rows") or [{"arm": _label(a), "status": a.get("status")} for a in arms]
+    cfg = doc.get("config") or {}
+    train, ev = cfg.get("train") or {}, cfg.get("eval") or {}
+    if train.get("steps") and ev.get("n_trials"):  # how big this run is, said before its numbers
+        rep.text(f"Size: {train['steps']} training steps of batch {train.get('batch_size')} per arm, "
+                 f"{ev['n_trials']} trials per panel ({doc.get('experiment', '')}).")
     rep.table(rows, caption=f"{doc.get('experiment', '')}: success rate with 95% Wilson interval "
               "(successes/trials), per evaluation panel (id: in distribution, ood: out of distribution)")
     claim = doc.get("claim")
