@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from comsim.config import ConfigError
 from comsim.io.video import atomic_output
 from comsim.episode import resize_frames
-from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, STAT_RANGE_EPS, SpatialSoftmax
+from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, MinMaxStats, SpatialSoftmax
 
 
 @dataclass
@@ -166,7 +166,7 @@ def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator | None) -
     return torch.stack([padded[i, :, t:t + H, l:l + W] for i, (t, l) in enumerate(off)])
 
 
-class KeypointPolicy(nn.Module):
+class KeypointPolicy(MinMaxStats, nn.Module):
     def __init__(self, cfg: KeypointConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
         super().__init__()
         self.config = cfg
@@ -180,31 +180,8 @@ class KeypointPolicy(nn.Module):
             d_in = cfg.hidden_dim
         layers.append(nn.Linear(d_in, cfg.horizon * cfg.action_dim))
         self.head = nn.Sequential(*layers)
-        for key, dim in (("action", cfg.action_dim), ("state", cfg.state_dim)):
-            self.register_buffer(f"{key}_min", -torch.ones(dim))
-            self.register_buffer(f"{key}_max", torch.ones(dim))
-        if stats is not None:
-            self.set_stats(stats)
+        self.register_stats(cfg.action_dim, cfg.state_dim, stats)
         self.reset()
-
-    # -- normalisation (the Diffusion Policy's: min-max to [-1, 1])
-    def set_stats(self, stats: dict) -> None:
-        for key, name in (("action", "action"), ("state", "observation.state")):
-            lo = torch.as_tensor(np.asarray(stats[name]["min"], np.float32)).reshape(-1)
-            hi = torch.as_tensor(np.asarray(stats[name]["max"], np.float32)).reshape(-1)
-            if lo.shape != getattr(self, f"{key}_min").shape:
-                raise ValueError(f"stats[{name!r}] has {lo.numel()} dims, the policy expects "
-                                 f"{getattr(self, f'{key}_min').numel()}")
-            getattr(self, f"{key}_min").copy_(lo)
-            getattr(self, f"{key}_max").copy_(hi)
-
-    def normalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
-        return (x - lo) / (hi - lo).clamp_min(STAT_RANGE_EPS) * 2 - 1
-
-    def unnormalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
-        return (x + 1) / 2 * (hi - lo).clamp_min(STAT_RANGE_EPS) + lo
 
     # -- model
     def forward(self, images: torch.Tensor, state: torch.Tensor, generator: torch.Generator | None = None):

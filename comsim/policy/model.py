@@ -40,6 +40,42 @@ CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
 STAT_RANGE_EPS = 1e-4  # a constant dimension is mapped to -1 instead of dividing by zero
 
 
+class MinMaxStats:
+    """Actions and states min-max to [-1, 1] with the training data's statistics (LeRobot's
+    normalisation for Diffusion Policy), kept as buffers ``action_min/max``, ``state_min/max``
+    so that a saved policy carries them. Mixed into an ``nn.Module``."""
+
+    def register_stats(self, action_dim: int, state_dim: int, stats: dict | None = None) -> None:
+        for key, dim in (("action", action_dim), ("state", state_dim)):
+            self.register_buffer(f"{key}_min", -torch.ones(dim))
+            self.register_buffer(f"{key}_max", torch.ones(dim))
+        if stats is not None:
+            self.set_stats(stats)
+
+    def set_stats(self, stats: dict) -> None:
+        """``stats``: {"action": {"min", "max"}, "observation.state": {"min", "max"}}."""
+        for key, name in (("action", "action"), ("state", "observation.state")):
+            lo = torch.as_tensor(np.asarray(stats[name]["min"], np.float32)).reshape(-1)
+            hi = torch.as_tensor(np.asarray(stats[name]["max"], np.float32)).reshape(-1)
+            if lo.shape != getattr(self, f"{key}_min").shape:
+                raise ValueError(f"stats[{name!r}] has {lo.numel()} dims, the policy expects "
+                                 f"{getattr(self, f'{key}_min').numel()}")
+            getattr(self, f"{key}_min").copy_(lo)
+            getattr(self, f"{key}_max").copy_(hi)
+
+    def _range(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
+        return lo, (hi - lo).clamp_min(STAT_RANGE_EPS)
+
+    def normalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        lo, rng = self._range(key)
+        return (x - lo) / rng * 2 - 1
+
+    def unnormalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
+        lo, rng = self._range(key)
+        return (x + 1) / 2 * rng + lo
+
+
 @dataclass
 class DiffusionConfig:
     # -- inputs / outputs
@@ -300,7 +336,7 @@ class ConditionalUnet1d(nn.Module):
 # ----------------------------------------------------------------------------- policy
 
 
-class DiffusionPolicy(nn.Module):
+class DiffusionPolicy(MinMaxStats, nn.Module):
     def __init__(self, cfg: DiffusionConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
         """``stats``: {"action": {"min", "max"}, "observation.state": {"min", "max"}} of the training data."""
         super().__init__()
@@ -308,11 +344,7 @@ class DiffusionPolicy(nn.Module):
         self.rgb_encoder = RgbEncoder(cfg)
         global_cond_dim = (self.rgb_encoder.feature_dim + cfg.state_dim) * cfg.n_obs_steps
         self.unet = ConditionalUnet1d(cfg, global_cond_dim)
-        for key, dim in (("action", cfg.action_dim), ("state", cfg.state_dim)):
-            self.register_buffer(f"{key}_min", -torch.ones(dim))
-            self.register_buffer(f"{key}_max", torch.ones(dim))
-        if stats is not None:
-            self.set_stats(stats)
+        self.register_stats(cfg.action_dim, cfg.state_dim, stats)
         sched = dict(num_train_timesteps=cfg.num_train_timesteps, beta_start=cfg.beta_start, beta_end=cfg.beta_end,
                      beta_schedule=cfg.beta_schedule, clip_sample=cfg.clip_sample,
                      clip_sample_range=cfg.clip_sample_range, prediction_type=cfg.prediction_type)
@@ -321,28 +353,6 @@ class DiffusionPolicy(nn.Module):
         self.reset()
 
     # -- normalisation
-    def set_stats(self, stats: dict) -> None:
-        for key, name in (("action", "action"), ("state", "observation.state")):
-            lo = torch.as_tensor(np.asarray(stats[name]["min"], np.float32)).reshape(-1)
-            hi = torch.as_tensor(np.asarray(stats[name]["max"], np.float32)).reshape(-1)
-            if lo.shape != getattr(self, f"{key}_min").shape:
-                raise ValueError(f"stats[{name!r}] has {lo.numel()} dims, the policy expects "
-                                 f"{getattr(self, f'{key}_min').numel()}")
-            getattr(self, f"{key}_min").copy_(lo)
-            getattr(self, f"{key}_max").copy_(hi)
-
-    def _range(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
-        return lo, (hi - lo).clamp_min(STAT_RANGE_EPS)
-
-    def normalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, rng = self._range(key)
-        return (x - lo) / rng * 2 - 1
-
-    def unnormalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, rng = self._range(key)
-        return (x + 1) / 2 * rng + lo
-
     # -- conditioning
     def global_cond(self, images: torch.Tensor, state: torch.Tensor, generator=None) -> torch.Tensor:
         """images uint8 (B, n_obs, 3, H, W) at image_size; state raw (B, n_obs, S) -> (B, D)."""
