@@ -188,10 +188,11 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         """images uint8 (B, n_obs, 3, H, W), state raw (B, n_obs, S) -> normalised chunk (B, horizon, A)."""
         cfg = self.config
         B, n = images.shape[:2]
-        x = images.flatten(0, 1).float() / 127.5 - 1.0
-        if cfg.crop is not None:
+        x = images.flatten(0, 1)
+        if cfg.crop is not None:  # before the float conversion: only the crop is converted
             t, l, h, w = cfg.crop
             x = x[..., t:t + h, l:l + w]
+        x = x.float() / 127.5 - 1.0
         if self.training:
             x = random_shift(x, cfg.shift, generator)
         feats = [self.encoder(x).reshape(B, n, -1)]
