@@ -243,6 +243,8 @@ def main(argv=None):
                    "(0: skip FID)")
     p.add_argument("--frames", type=int, default=24, help="frames per held-out episode scored")
     p.add_argument("--num-steps", type=int, default=None, help="sampling steps (default: the config's)")
+    p.add_argument("--overlap", type=int, default=None, help="frames shared by consecutive windows (default: the "
+                   "config's sampling.overlap)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (the "
                    "train_* numbers then cover the resumed part only)")
@@ -286,12 +288,14 @@ def main(argv=None):
 
     sc = cfg.sampling
     n_steps = args.num_steps or sc.num_steps
+    overlap = args.overlap if args.overlap is not None else sc.overlap  # None: half a window
     modes = {"action_only": (1.0, 0.0), "sim_only": (0.0, 1.0), "composed": (sc.w_action, sc.w_sim)}
     gens = {m: [] for m in modes}
     t1 = time.time()
     for i, ep in enumerate(episodes):
         for m, (wa, ws) in modes.items():
-            gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i))
+            gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i,
+                                overlap=overlap))
     result["psnr"] = {"sim": round(mean_psnr((e["sim"], e["real"]) for e in episodes), 2)}
     for m, gs in gens.items():
         result["psnr"][m] = round(mean_psnr((g, e["real"]) for g, e in zip(gs, episodes)), 2)
@@ -301,7 +305,8 @@ def main(argv=None):
         result["object_fidelity"] = held_out_fidelity(cfg, episodes, {"composed": gens["composed"]})
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
     result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
-                   "num_steps": n_steps, "weights": {"w_action": sc.w_action, "w_sim": sc.w_sim}})
+                   "num_steps": n_steps, "overlap": pipe.resolve_overlap(overlap),
+                   "weights": {"w_action": sc.w_action, "w_sim": sc.w_sim}})
 
     if synthetic and len(episodes) > 1:
         result["action_consistency"] = {

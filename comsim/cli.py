@@ -83,7 +83,7 @@ def _convert(a):
     if a.allow_download:  # read by comsim.translator.codec.load_codec, here and in spawned workers
         os.environ["COMSIM_ALLOW_DOWNLOAD"] = "1"
     report = convert_dataset(Path(a.model), Path(a.input), Path(a.output), w_action=a.w_action, w_sim=a.w_sim,
-                             steps=a.steps, strength=a.strength, seed=a.seed, workers=a.workers,
+                             steps=a.steps, strength=a.strength, overlap=a.overlap, seed=a.seed, workers=a.workers,
                              num_shards=a.num_shards, shard_index=a.shard_index, device=a.device,
                              threads=a.threads, progress=not a.no_progress)
     print(json.dumps(report))
@@ -202,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--w-sim", type=float, default=None, help="sim-video guidance weight" + own)
     cv.add_argument("--steps", type=int, default=None, help="sampling steps" + own)
     cv.add_argument("--strength", type=float, default=1.0, help="< 1 starts from the noised sim video")
+    cv.add_argument("--overlap", type=int, default=None, help="frames shared by consecutive windows of an episode "
+                    "(each frame costs about num_frames / (num_frames - overlap) windows)" + own)
     cv.add_argument("--seed", type=int, default=0, help="base seed (episode k uses a seed from (seed, k))")
     cv.add_argument("--workers", type=int, default=1, help="local processes")
     cv.add_argument("--num-shards", type=int, default=None,

@@ -45,7 +45,8 @@ from comsim.io.paths import check_output_path, claim_output, is_inside, safe_nam
 
 HEADER_FILE = "conversion.json"
 REPORT_FILE = "conversion_report.json"  # the closing run's timing: frames, seconds, frames/s
-RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "seed")
+RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "overlap",
+               "seed")
 
 _WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
 
@@ -153,9 +154,10 @@ def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
 def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, source: str) -> Episode:
     """Episode ``index`` of the sim dataset ``source`` -> its pseudo-real version
     (``TranslatorPipeline.translate_episode``, seeded with ``episode_seed(seed, index)``); ``guidance``
-    is the conversion header's {w_action, w_sim, steps, strength}."""
+    is the conversion header's {w_action, w_sim, steps, strength, overlap}."""
     return pipe.translate_episode(ep, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
                                   num_steps=guidance["steps"], strength=guidance["strength"],
+                                  overlap=guidance["overlap"],
                                   seed=episode_seed(seed, index),
                                   extra={"source_dataset": str(source), "source_episode": int(index)})
 
@@ -184,13 +186,14 @@ def _accelerate_state():
 
 
 def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float | None = None,
-                    w_sim: float | None = None, steps: int | None = None, strength: float = 1.0, seed: int = 0, workers: int = 1,
+                    w_sim: float | None = None, steps: int | None = None, strength: float = 1.0,
+                    overlap: int | None = None, seed: int = 0, workers: int = 1,
                     num_shards: int | None = None, shard_index: int | None = None, device: str | None = None,
                     threads: int = 1, progress: bool = True) -> dict:
     """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict.
 
-    ``w_action``, ``w_sim`` and ``steps`` left as None take the translator's own sampling settings
-    (translator.json, from its training config)."""
+    ``w_action``, ``w_sim``, ``steps`` and ``overlap`` (frames shared by consecutive windows) left
+    as None take the translator's own sampling settings (translator.json, from its training config)."""
     model, input, output = Path(model), Path(input), Path(output)
     if (steps is not None and steps < 1) or not 0.0 < strength <= 1.0:
         raise ConversionError(f"steps must be >= 1 and strength in (0, 1], got steps={steps}, strength={strength}")
@@ -212,8 +215,14 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     w_action = own["w_action"] if w_action is None else w_action
     w_sim = own["w_sim"] if w_sim is None else w_sim
     steps = own["num_steps"] if steps is None else steps
+    overlap = own["overlap"] if overlap is None else overlap  # None: the pipeline's half window
+    n_frames = translator_meta(model)["num_frames"]
+    if overlap is not None and not 0 < overlap < n_frames:
+        raise ConversionError(f"overlap must be in [1, {n_frames}) frames (the translator's window is {n_frames}), "
+                              f"got {overlap}")
     t_hash = translator_hash(model)
-    guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength)}
+    guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength),
+                "overlap": None if overlap is None else int(overlap)}
     header = {"command": "comsim convert", "model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
               "input_episodes": len(ds), **guidance, "seed": int(seed), "threads": threads}
 

@@ -127,24 +127,31 @@ def test_converted_episodes_keep_sim_and_record_provenance(reference, sim_datase
         p = e.provenance
         assert p.source == "pseudo_real" and p.translator_hash == translator_hash(micro)
         assert p.translator_hash == TranslatorPipeline.from_pretrained(micro).checkpoint_hash
-        assert p.guidance == {"w_action": 1.5, "w_sim": 2.0, "num_steps": 6, "strength": 1.0}
+        # overlap: the pipeline's half window (num_frames 4), resolved and recorded
+        assert p.guidance == {"w_action": 1.5, "w_sim": 2.0, "num_steps": 6, "strength": 1.0, "overlap": 2}
         assert p.seed == episode_seed(3, i) and p.task == "reach" and p.twin_spec_hash == s.provenance.twin_spec_hash
         assert p.extra["source_episode"] == i and p.extra["sim_seed"] == s.provenance.seed
 
 
 def test_guidance_defaults_to_the_translators_own_sampling(sim_dataset, tmp_path):
-    """Without --steps / --w-action / --w-sim a conversion samples as the translator's training config says."""
-    model = save_micro_translator(tmp_path / "m", sampling={"num_steps": 2, "w_action": 0.5, "w_sim": 1.5})
+    """Without --steps / --w-action / --w-sim / --overlap a conversion samples as the translator's
+    training config says."""
+    model = save_micro_translator(tmp_path / "m", sampling={"num_steps": 2, "w_action": 0.5, "w_sim": 1.5,
+                                                            "overlap": 1})
     out = tmp_path / "pseudo"
     report = convert_dataset(model, sim_dataset, out, num_shards=N_EPISODES, shard_index=0, progress=False)
     assert report["converted_now"] == 1 and not report["closed"]
     header = json.loads((out / HEADER_FILE).read_text())
-    assert (header["steps"], header["w_action"], header["w_sim"]) == (2, 0.5, 1.5)
+    assert (header["steps"], header["w_action"], header["w_sim"], header["overlap"]) == (2, 0.5, 1.5, 1)
     # and an explicit value wins
-    report = convert_dataset(model, sim_dataset, tmp_path / "explicit", steps=3, num_shards=N_EPISODES,
+    report = convert_dataset(model, sim_dataset, tmp_path / "explicit", steps=3, overlap=3, num_shards=N_EPISODES,
                              shard_index=0, progress=False)
     header = json.loads((tmp_path / "explicit" / HEADER_FILE).read_text())
-    assert (header["steps"], header["w_action"], header["w_sim"]) == (3, 0.5, 1.5)
+    assert (header["steps"], header["w_action"], header["w_sim"], header["overlap"]) == (3, 0.5, 1.5, 3)
+    # an overlap the window cannot hold is refused before anything is written
+    with pytest.raises(ConversionError, match=r"overlap must be in \[1, 4\) frames"):
+        convert_dataset(model, sim_dataset, tmp_path / "bad", overlap=4, progress=False)
+    assert not (tmp_path / "bad").exists()
 
 
 def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, micro, tmp_path):
@@ -152,7 +159,7 @@ def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, 
 
     pipe = TranslatorPipeline.from_pretrained(micro)
     ep = LeRobotDataset(sim_dataset)[2]
-    guidance = {k: ARGS[k] for k in ("w_action", "w_sim", "steps", "strength")}
+    guidance = {**{k: ARGS[k] for k in ("w_action", "w_sim", "steps", "strength")}, "overlap": None}
     a = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     b = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     assert np.array_equal(a, b)

@@ -565,6 +565,12 @@ def test_experiment_runner_micro(data, tmp_path):
     doc3 = run_experiment(path, tmp_path / "exp", datasets={"real": data["real"]}, arms=["real"], log=lambda *_: None,
                           progress=False)
     assert doc3["arms"][0]["dir"] == by["real"]["dir"] and weights.stat().st_mtime_ns == mtime
+    # Running one arm keeps the other finished arms in the table (read from disk, not redone);
+    # the arm that was skipped is not finished, so it is left out.
+    assert [a["name"] for a in doc3["arms"]] == [n for n in names if n != "real_missing"]
+    assert doc3["arms"][1] == by["real_sim"]
+    saved = json.loads((tmp_path / "exp" / "results.json").read_text())
+    assert [a["name"] for a in saved["arms"]] == [n for n in names if n != "real_missing"]
     with pytest.raises(ConfigError, match=r"exp.yaml: train: unknown key\(s\) \['stepz'\]"):
         load_experiment(path, ["train.stepz=3"])
 

@@ -310,7 +310,12 @@ def test_save_load_reproduces_samples_exactly(trained, tmp_path):
     assert pseudo.provenance.translator_hash == pipe.checkpoint_hash and pseudo.provenance.guidance["w_sim"] == 1.0
     low = pipe(ep.frames["front_sim"], ep.action, num_steps=10, strength=0.2, seed=4)
     # calls without guidance settings use the ones saved from the training config (micro: 4 steps)
-    assert pipe.sampling == {"num_steps": 4, "w_action": 1.0, "w_sim": 1.0}
+    assert pipe.sampling == {"num_steps": 4, "w_action": 1.0, "w_sim": 1.0, "overlap": None}
+    # a smaller window overlap (fewer windows per frame) samples other frames, and the episode records it
+    assert pipe.resolve_overlap() == pipe.num_frames // 2
+    assert not np.array_equal(a, pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=4,
+                                      overlap=pipe.resolve_overlap() - 1))
+    assert pseudo.provenance.guidance["overlap"] == pipe.num_frames // 2
     assert np.array_equal(pipe(ep.frames["front_sim"], ep.action, seed=4),
                           pipe(ep.frames["front_sim"], ep.action, num_steps=4, w_action=1.0, w_sim=1.0, seed=4))
     assert np.abs(low.astype(int) - ep.frames["front_sim"]).mean() < np.abs(a.astype(int) - ep.frames["front_sim"]).mean()
@@ -382,6 +387,8 @@ def test_native_resolution_model_with_large_patches_and_refinement():
 def test_config_names_a_resolution_the_patch_does_not_divide():
     with pytest.raises(ValueError, match=r"data.resolution=\[100, 100\].*model.patch_size=\[1, 16, 16\]"):
         micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")
+    with pytest.raises(ValueError, match=r"sampling.overlap must be in \[1, data.num_frames=4\)"):
+        micro_cfg("unused", "data.num_frames=4", "sampling.overlap=4")
 
 
 def test_two_process_cpu_ddp(tmp_path):

@@ -60,6 +60,7 @@ class DatasetSpec:
     w_action: float | None = None  # convert: guidance weights and sampling steps (None: the translator's own)
     w_sim: float | None = None
     steps: int | None = None
+    overlap: int | None = None  # convert: frames shared by consecutive windows (None: the translator's own)
     workers: int = 1  # factory / convert: processes
     # lab: start regions that replace the task's own (object name -> x, y, yaw ranges), e.g.
     # a wider cube region so that the demonstrations also cover the OOD panel's layouts
@@ -241,7 +242,8 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
                 from comsim.convert import convert_dataset
                 log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
                 convert_dataset(spec.translator, cfg.datasets[spec.input].path, path, w_action=spec.w_action,
-                                w_sim=spec.w_sim, steps=spec.steps, seed=spec.seed, workers=spec.workers)
+                                w_sim=spec.w_sim, steps=spec.steps, overlap=spec.overlap, seed=spec.seed,
+                                workers=spec.workers)
         else:
             why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
         status[name] = why
@@ -269,7 +271,7 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
         log(f"experiment: training arm {arm.name!r} ({len(data)} frames, synthetic fraction "
             f"{data.synthetic_fraction:.3f}) -> {out}")
     train_log = train_policy(run, data=data, progress=progress)
-    paths = {p: ExperimentLayout.eval_file(out, p, eval_key(cfg, p)) for p in cfg.eval.panels}
+    paths = _panel_files(cfg, out)
     todo = [p for p, path in paths.items() if not path.is_file()]
     for pname in todo:
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
@@ -283,6 +285,25 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
     else:
         for job in jobs:
             _score_panel(job)
+    return _arm_result(arm, out, train_log, paths)
+
+
+def _panel_files(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
+    return {p: ExperimentLayout.eval_file(out, p, eval_key(cfg, p)) for p in cfg.eval.panels}
+
+
+def finished_arm(cfg: ExperimentConfig, arm: ArmConfig) -> dict | None:
+    """The result of ``arm`` if it is trained and scored on every panel of this config, read from
+    disk (nothing is trained or scored); None when any part is missing."""
+    out = Path(arm_run(cfg, arm).output_dir)
+    paths = _panel_files(cfg, out)
+    log_file = out / "train_log.json"
+    if not log_file.is_file() or not all(p.is_file() for p in paths.values()):
+        return None
+    return _arm_result(arm, out, json.loads(log_file.read_text()), paths)
+
+
+def _arm_result(arm: ArmConfig, out: Path, train_log: dict, paths: dict[str, Path]) -> dict:
     panels = {p: json.loads(path.read_text()) for p, path in paths.items()}
     mix = train_log["mixture"]
     return {"name": arm.name, "status": "done", "label": arm.label or _label(mix["parts"]), "dir": str(out),
@@ -331,6 +352,9 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
                    overrides: list[str] | None = None, log=print, progress: bool = True) -> dict:
     """Train and score every arm (or the named ones) that has its data; write results.json/.md.
 
+    With ``arms``, only those are trained and scored; the table also keeps every other arm that
+    is already finished on disk for this config (``finished_arm``), so running arms one at a
+    time builds up one table instead of replacing it.
     ``cfg``: an ExperimentConfig or its YAML (with dotted ``overrides``); ``output_dir`` and
     ``datasets`` ({name: path}) replace the config's, e.g. for a demo that made the data itself.
     Returns the results document (``rows``: one flat row per arm, for reports)."""
@@ -342,7 +366,7 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         if name not in cfg.datasets:
             raise ConfigError(f"datasets: the experiment {cfg.name!r} has no dataset {name!r} ({sorted(cfg.datasets)})")
         cfg.datasets[name] = dataclasses.replace(cfg.datasets[name], path=str(path))
-    all_arms = cfg.all_arms()
+    every_arm = all_arms = cfg.all_arms()
     if arms:
         unknown = sorted(set(arms) - {a.name for a in all_arms})
         if unknown:
@@ -358,7 +382,13 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
                           + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()) if v))
     t0 = time.time()
     results = []
-    for arm in all_arms:
+    asked = {a.name for a in all_arms}
+    for arm in every_arm:
+        if arm.name not in asked:  # not asked for: in the table only if it is already finished
+            done = finished_arm(cfg, arm)
+            if done is not None:
+                results.append(done)
+            continue
         why = [missing[s.dataset] for s in arm.sources if missing.get(s.dataset)]
         if why:
             log(f"experiment: skipping arm {arm.name!r}: {why[0]}")

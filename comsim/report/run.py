@@ -272,8 +272,8 @@ def _convert(rep: Report, run: Path, timings: dict) -> None:
     row["frames/s (stage wall time)" if note else "frames/s"] = (f"{fps:.2f}" if isinstance(fps, (int, float))
                                                                  else "not recorded")
     row["time"] = fmt_seconds(seconds)
-    for k in ("w_action", "w_sim", "steps", "strength", "seed", "threads"):
-        row[{"steps": "sampling steps"}.get(k, k)] = header.get(k, "-")
+    for k in ("w_action", "w_sim", "steps", "strength", "overlap", "seed", "threads"):
+        row[{"steps": "sampling steps", "overlap": "window overlap"}.get(k, k)] = header.get(k, "-")
     row["translator"] = header.get("translator_hash", "-")
     rep.table([row], caption="batch sim -> pseudo-real conversion (guidance: v = v_none + w_action (v_action - "
                              "v_none) + w_sim (v_sim - v_none))")

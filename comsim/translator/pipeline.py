@@ -40,7 +40,8 @@ class TranslatorMismatchError(ComSimError, ValueError):
     """A checkpoint or an input does not fit what the model was built for."""
 
 
-DEFAULT_SAMPLING = {"num_steps": 20, "w_action": 1.0, "w_sim": 1.0}
+# overlap None: half a window (default_overlap)
+DEFAULT_SAMPLING = {"num_steps": 20, "w_action": 1.0, "w_sim": 1.0, "overlap": None}
 
 
 def sampling_defaults(directory: str | Path) -> dict:
@@ -187,7 +188,7 @@ class TranslatorPipeline:
         if strength < 1.0 and self.transformer.config.in_channels > self.transformer.config.sim_channels:
             raise ValueError("strength < 1 starts from the sim latents, which need as many channels as the output")
         self.codec.check_frames(self.num_frames, "num_frames")
-        ov = self.default_overlap() if overlap is None else int(overlap)
+        ov = self.resolve_overlap(overlap)
         if T > self.num_frames and not 0 < ov < self.num_frames:
             raise ValueError(f"overlap must be in [1, num_frames={self.num_frames}), got {ov}")
         if T > self.num_frames and self.codec.temporal_factor > 1 and (ov - 1) % self.codec.temporal_factor:
@@ -199,6 +200,11 @@ class TranslatorPipeline:
         r = self.codec.temporal_factor
         half = max(1, self.num_frames // 2)
         return half if r == 1 else 1 + r * max(0, (half - 1) // r)
+
+    def resolve_overlap(self, overlap: int | None = None) -> int:
+        """``overlap``, else the pipeline's own sampling setting, else half a window."""
+        own = self.sampling.get("overlap")
+        return int(overlap) if overlap is not None else int(own) if own is not None else self.default_overlap()
 
     # -- sampling --------------------------------------------------------------------------
     def _resolve(self, w_action, w_sim, num_steps) -> tuple[float, float, int]:
@@ -252,7 +258,9 @@ class TranslatorPipeline:
             (None: this pipeline's ``sampling`` defaults, saved from its training config.)
             strength: < 1 starts from the sim video noised to that level (fewer steps, SDEdit).
             seed: the noise seed; the same seed gives the same frames.
-            overlap: frames shared by consecutive windows of a long episode (default num_frames // 2).
+            overlap: frames shared by consecutive windows of a long episode (default: the pipeline's
+                sampling setting, else num_frames // 2). Each frame costs about
+                num_frames / (num_frames - overlap) windows.
             controls: {name: uint8 video} for a translator trained with control channels.
         """
         w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
@@ -313,14 +321,14 @@ class TranslatorPipeline:
 
     def translate_episode(self, episode, w_action: float | None = None, w_sim: float | None = None,
                           num_steps: int | None = None, strength: float = 1.0, seed: int = 0,
-                          extra: dict | None = None, **kwargs):
+                          overlap: int | None = None, extra: dict | None = None, **kwargs):
         """A pseudo-real Episode from a sim or paired Episode (its ``<camera>_sim`` frames and actions).
 
         The one place a pseudo-real episode is made (``comsim convert`` and the demo's held-out
         episodes call it). The sim (and control) frames are resized to the translator's resolution
         and translated; the result holds the episode's own frames, as they are, with ``<camera>``
         replaced by the generated ones, and provenance: source ``pseudo_real``, this translator's
-        hash, ``guidance`` = {w_action, w_sim, num_steps, strength} as sampled, the seed, and in
+        hash, ``guidance`` = {w_action, w_sim, num_steps, strength, overlap} as sampled, the seed, and in
         ``extra`` the sim episode's seed and provenance (plus ``extra``).
         """
         key = sim_key(self.camera)
@@ -330,13 +338,14 @@ class TranslatorPipeline:
         controls = {c: resize_frames(episode.frames[control_key(self.camera, c)], self.resolution) for c in self.controls
                     if control_key(self.camera, c) in episode.frames} or None
         w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
+        overlap = self.resolve_overlap(overlap)
         frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
-                      strength=strength, seed=seed, controls=controls, **kwargs)
+                      strength=strength, seed=seed, overlap=overlap, controls=controls, **kwargs)
         src = episode.provenance
         prov = Provenance(source="pseudo_real", task=src.task, seed=int(seed), twin_spec_hash=src.twin_spec_hash,
                           translator_hash=getattr(self, "checkpoint_hash", None),
                           guidance={"w_action": w_action, "w_sim": w_sim, "num_steps": num_steps,
-                                    "strength": float(strength)},
+                                    "strength": float(strength), "overlap": overlap},
                           extra={"sim_seed": src.seed, "sim_provenance": src.to_dict(), **(extra or {})})
         return Episode(frames={**episode.frames, self.camera: frames}, action=episode.action, state=episode.state,
                        fps=episode.fps, timestamps=episode.timestamps, task=episode.task,

@@ -120,6 +120,7 @@ class SamplingConfig:
     shift: float = 1.0  # FlowMatchEulerDiscreteScheduler shift
     w_action: float = 1.0
     w_sim: float = 1.0
+    overlap: int | None = None  # frames shared by consecutive windows of an episode (None: half a window)
 
 
 @dataclass
@@ -148,6 +149,10 @@ class TranslatorConfig:
                              f"by model.patch_size={[pt, ph, pw]} (frames, height, width) in pixel space")
         if self.model.patch_bottleneck < 0 or self.model.refine_channels < 0:
             raise ValueError("model.patch_bottleneck and model.refine_channels must be >= 0 (0 = off)")
+        ov = self.sampling.overlap
+        if ov is not None and not 0 < ov < self.data.num_frames:
+            raise ValueError(f"sampling.overlap must be in [1, data.num_frames={self.data.num_frames}) frames "
+                             f"(or null: half a window), got {ov}")
 
 
 def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TranslatorConfig:
@@ -280,7 +285,7 @@ def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | 
                               num_frames=cfg.data.num_frames, resolution=tuple(cfg.data.resolution),
                               controls=tuple(cfg.data.controls), fps=fps, provenance=provenance,
                               sampling={"num_steps": cfg.sampling.num_steps, "w_action": cfg.sampling.w_action,
-                                        "w_sim": cfg.sampling.w_sim})
+                                        "w_sim": cfg.sampling.w_sim, "overlap": cfg.sampling.overlap})
 
 
 def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
