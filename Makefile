@@ -6,7 +6,7 @@ STAMP := $(VENV)/.comsim-installed
 export MUJOCO_GL ?= egl
 export PYOPENGL_PLATFORM ?= egl
 
-.PHONY: setup test test-slow demo bench clean-venv
+.PHONY: setup test test-slow demo lab-table bench clean-venv
 
 setup: $(STAMP)
 
@@ -28,6 +28,10 @@ test-slow: setup
 
 demo: setup
 	$(VENV)/bin/comsim demo
+
+# The deciding policy table (configs/experiments/lab_table.yaml) from an empty folder; resumes when rerun.
+lab-table: setup
+	$(VENV)/bin/comsim demo --profile lab_table --out runs/lab_table
 
 bench: setup
 	$(PY) bench/render.py

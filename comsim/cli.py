@@ -122,7 +122,11 @@ def _report(a):
 def _demo(a):
     from comsim.demo import run_demo
 
-    print(run_demo(Path(a.out), profile="full" if a.full else "small", cell=a.cell, twin=a.twin))
+    from comsim.demo import demo_summary
+
+    profile = "full" if a.full else a.profile
+    report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin)
+    print(json.dumps(demo_summary(Path(a.out), report)))  # the last line: one JSON object
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -257,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="run the main job on a lab cell (default: the built-in lab)")
     d.add_argument("--out", default="runs/demo", help="the run folder: every output goes under it")
-    d.add_argument("--full", action="store_true", help="the full-size experiment")
+    d.add_argument("--profile", default="small", choices=["small", "lab_table", "full"],
+                   help="small: the loop at demo scale; lab_table: the deciding table of "
+                   "configs/experiments/lab_table.yaml (hours on 2 cores); full: the paper-size table (GPU)")
+    d.add_argument("--full", action="store_true", help="the same as --profile full")
     d.add_argument("--cell", default=None, help="lab cell YAML to run the loop on (default: the built-in lab, "
                    "configs/lab/default.yaml; e.g. configs/lab/cool_studio.yaml)")
     d.add_argument("--twin", default=None, help="the twin's nominal spec that the alignment starts from "

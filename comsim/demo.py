@@ -6,6 +6,7 @@
 
     comsim demo --out runs/demo                                          # the built-in lab
     comsim demo --cell configs/lab/cool_studio.yaml --out runs/demo_cool # another cell (look, camera)
+    comsim demo --profile lab_table --out runs/lab_table                 # the deciding table (lab_table.yaml)
 
 Every step writes into the run folder ``out`` (``comsim.run_layout.RunLayout``) and is skipped
 when its output is complete, so an interrupted demo resumes where it stopped. Configs are
@@ -53,6 +54,11 @@ class DemoProfile:
 
 PROFILES = {
     "small": DemoProfile(),
+    # The deciding table on 2 CPU cores from an empty folder: the demo's stages make the twin and the
+    # translator from 10 lab demonstrations; configs/experiments/lab_table.yaml then records its own lab
+    # demonstrations, generates and converts its 200 sim episodes in this run's twin, and trains and
+    # scores every arm (under OUT/policy/).
+    "lab_table": DemoProfile(policy_experiment="configs/experiments/lab_table.yaml"),
     "full": DemoProfile(real_episodes=10, sim_episodes=200, ood_sim_episodes=50,
                         translator_config="configs/translator/small.yaml", translator_steps=20000,
                         policy_experiment="configs/experiments/compsim_table.yaml"),
@@ -264,10 +270,17 @@ def _policy(p: DemoProfile, run: RunLayout) -> dict | None:
     except ImportError:
         _log("policy experiment: comsim.policy is not available; skipped")
         return None
+    path, datasets, overrides = experiment_inputs(p, run)
+    return run_experiment(path, run.policy, datasets=datasets, overrides=overrides)
+
+
+def experiment_inputs(p: DemoProfile, run: RunLayout) -> tuple[Path, dict[str, Path], list[str]]:
+    """The policy experiment's config file, dataset paths and overrides for this run folder.
+
+    Every dataset of the experiment lives in this run folder: the demo's own (lab, sim, pseudo-real),
+    the others under policy/data/; those it builds use this run's aligned twin and translator."""
     from comsim.config import load_yaml
 
-    # Every dataset of the experiment lives in this run folder: the demo's own (lab, sim, pseudo-real),
-    # the others under policy/data/; those it builds use this run's aligned twin and translator.
     path = config_file(p.policy_experiment)
     given = {"real": run.lab, "sim": run.sim, "pseudo_real": run.pseudo_real}
     datasets, overrides = {}, [f"cell={p.cell}"] if p.cell else []
@@ -278,4 +291,18 @@ def _policy(p: DemoProfile, run: RunLayout) -> dict | None:
             overrides.append(f"datasets.{name}.scene={(run.paired / 'twin_aligned.yaml').resolve()}")
         elif build == "convert":
             overrides.append(f"datasets.{name}.translator={run.translator_final.resolve()}")
-    return run_experiment(path, run.policy, datasets=datasets, overrides=[*overrides, *p.policy_overrides])
+    return path, datasets, [*overrides, *p.policy_overrides]
+
+
+def demo_summary(out: Path, report: Path) -> dict:
+    """The one-line JSON a demo ends with: the report, and the policy table's success rates and claim."""
+    results = RunLayout(out).experiment.results
+    summary: dict = {"report": str(report)}
+    if results.is_file():
+        doc = json.loads(results.read_text())
+        summary["results"] = str(results.resolve())
+        summary["success_rate"] = {a["name"]: {k: v["success_rate"] for k, v in a["panels"].items()}
+                                   for a in doc["arms"] if a["status"] == "done"}
+        summary["gap_closed"] = doc.get("gap_closed") or None
+        summary["claim_holds"] = (doc.get("claim") or {}).get("holds")
+    return summary

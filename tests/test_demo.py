@@ -95,4 +95,27 @@ def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeyp
     assert truth["cell_hash"] == load_lab_cell(COOL).hash()
     assert len(LeRobotDataset(run.pseudo_real)) == 2 and json.loads(run.metrics.read_text())["pseudo_real_vs_real"]
     assert json.loads(run.policy_results.read_text())["arms"]
+    from comsim.demo import demo_summary
+    summary = demo_summary(tmp_path / "run", report)  # what `comsim demo` prints as its last line
+    assert set(summary["success_rate"]) == {"real3", "real3_pseudo"} and summary["claim_holds"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing written outside --out
+
+
+def test_the_lab_table_profile_builds_every_dataset_in_the_run_folder(tmp_path):
+    """`comsim demo --profile lab_table`: the table's datasets go under OUT/policy/data, the sim
+    episodes are generated in this run's aligned twin and converted by this run's translator."""
+    from comsim.demo import PROFILES, experiment_inputs
+    from comsim.policy.experiment import load_experiment
+    from comsim.run_layout import RunLayout
+
+    run = RunLayout(tmp_path / "run")
+    path, datasets, overrides = experiment_inputs(PROFILES["lab_table"], run)
+    cfg = load_experiment(path, overrides)
+    assert path.name == "lab_table.yaml" and set(datasets) == set(cfg.datasets)
+    for name, spec in cfg.datasets.items():
+        assert Path(datasets[name]) == run.policy / "data" / name
+        if spec.build == "factory":
+            assert Path(spec.scene) == (run.paired / "twin_aligned.yaml").resolve()
+        if spec.build == "convert":
+            assert Path(spec.translator) == run.translator_final.resolve()
+    assert {s.build for s in cfg.datasets.values()} == {"lab", "factory", "convert"}
