@@ -331,11 +331,12 @@ def test_generate_in_another_scene_keeps_the_program_and_changes_the_look(tmp_pa
     from comsim.sim.spec import load_scene_spec, spec_hash
     cell = yaml.safe_load((ROOT / "configs" / "twin" / "panda_cell.yaml").read_text())
     cell["table"]["rgba"] = [0.1, 0.2, 0.9, 1.0]  # a blue table
+    cell["robot"]["tint"] = [1.0, 0.7, 0.4]  # and the aligned twin's robot tint (a cream arm)
     scene = tmp_path / "aligned.yaml"
     scene.write_text(yaml.safe_dump(cell))
     task = reach_task(tmp_path)
-    plain = generate_dataset(task, 1, tmp_path / "plain", seed=3, progress=False)
-    moved = generate_dataset(task, 1, tmp_path / "moved", seed=3, scene=scene, progress=False)
+    plain = generate_dataset(task, 1, tmp_path / "plain", seed=3, progress=False, controls=("seg",))
+    moved = generate_dataset(task, 1, tmp_path / "moved", seed=3, scene=scene, progress=False, controls=("seg",))
     assert plain["successes"] == moved["successes"] == 1
 
     copy = (tmp_path / "moved" / "task.yaml").read_text().splitlines()
@@ -352,6 +353,12 @@ def test_generate_in_another_scene_keeps_the_program_and_changes_the_look(tmp_pa
     blue_a = a.frames["front_sim"][0][table].astype(float)
     blue_b = b.frames["front_sim"][0][table].astype(float)
     assert (blue_b[..., 2] - blue_b[..., 0]).mean() > (blue_a[..., 2] - blue_a[..., 0]).mean() + 40
+    from comsim.metrics.action import robot_masks_from_labels
+    robot = robot_masks_from_labels(a.frames["front_sim_seg"][:1])[0]  # the same pose in both
+    assert robot.sum() > 200
+    warm = lambda f: (f[0][robot][:, 0].astype(float) - f[0][robot][:, 2]).mean()  # noqa: E731 red minus blue
+    assert warm(b.frames["front_sim"]) > warm(a.frames["front_sim"]) + 20
+    assert spec_hash(load_scene_spec(ROOT / "configs" / "twin" / "panda_cell.yaml")) == "b2ee4c3e353bb1d9"  # untinted
 
 
 def test_task_files_are_read_with_a_safe_loader(tmp_path):

@@ -253,6 +253,12 @@ def test_replay_round_trip(lab, tmp_path, mode):
         assert np.abs(twin_q - src.state[:, :7]).max() < 5e-3
     al = json.loads((out / "twin_alignment.json").read_text())
     assert al["dist"] is not None  # the published distortion was used for the twin's view
+    # the aligned cell carries the robot's estimated tint, so a scene built from it (the factory's)
+    # draws the arm in the colour the replay drew it
+    import yaml
+    aligned = yaml.safe_load((out / "twin_aligned.yaml").read_text())
+    np.testing.assert_allclose(aligned["robot"]["tint"], al["colors"]["robot_tint"])
+    assert max(abs(v - 1.0) for v in aligned["robot"]["tint"]) > 0.02  # the lab's arm is not the model's white
     if mode == "physics":  # a changed twin spec must not silently reuse this alignment
         with pytest.raises(ValueError, match="twin_alignment.json"):
             replay_dataset(lab, load_scene_spec(CELL, ["table.friction=0.9"]), tmp_path / "paired", mode=mode,

@@ -51,6 +51,17 @@ def yaw_quat(yaw: float) -> np.ndarray:
 # ---------------------------------------------------------------- building
 
 
+def apply_robot_tint(ms: mujoco.MjSpec, tint) -> None:
+    """Multiply the robot's materials and rgba-coloured geoms by ``tint`` (r, g, b)."""
+    t = list(np.clip(np.asarray(tint, np.float64), 0.0, 4.0)) + [1.0]
+    for mat in ms.materials:
+        if mat.name.startswith(ROBOT_PREFIX):
+            mat.rgba = [min(1.0, a * b) for a, b in zip(mat.rgba, t)]
+    for geom in ms.geoms:
+        if geom.name.startswith(ROBOT_PREFIX) and not geom.material:
+            geom.rgba = [min(1.0, a * b) for a, b in zip(geom.rgba, t)]
+
+
 def build_mjspec(spec: SceneSpec) -> mujoco.MjSpec:
     """The whole cell as an uncompiled MjSpec (robot, table, backdrop, objects, cameras, lights)."""
     validate_scene_spec(spec)
@@ -74,6 +85,8 @@ def build_mjspec(spec: SceneSpec) -> mujoco.MjSpec:
     robot = _robot_mjspec(spec.robot)
     world.add_frame(pos=spec.robot.base_pos).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")
     _add_robot_control(s, spec.robot)
+    if spec.robot.tint is not None:
+        apply_robot_tint(s, spec.robot.tint)
 
     for o in spec.objects:
         z = o.pos[2] if len(o.pos) == 3 else o.half_height

@@ -41,6 +41,9 @@ class RobotSpec:
     arm_torque_limit: list[float] = field(default_factory=lambda: [87.0] * 4 + [12.0] * 3)
     gripper_force: float = 70.0  # N, total squeeze (Franka Hand: 70 N continuous)
     finger_friction: float = 1.5
+    # per-channel multiplier (r, g, b) of the robot's materials, e.g. the twin's colour alignment
+    # (the real arm's plastic is cream, not the model's white); None: the model's own colours
+    tint: list[float] | None = None
 
 
 @dataclass
@@ -159,7 +162,10 @@ def scene_spec_from_dict(data: dict, where: str = "scene", base_dir: str | Path 
 
 def spec_hash(spec: SceneSpec) -> str:
     """Short stable hash of the spec (goes into episode provenance)."""
-    return hash_dict(dataclasses.asdict(spec))
+    d = dataclasses.asdict(spec)
+    if d["robot"]["tint"] is None:  # an untinted robot adds nothing: untinted specs hash as they always have
+        del d["robot"]["tint"]
+    return hash_dict(d)
 
 
 # ---------------------------------------------------------------- validation
@@ -183,6 +189,10 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     _check_len(fail, "robot.base_pos", r.base_pos, 3)
+    if r.tint is not None:
+        _check_len(fail, "robot.tint", r.tint, 3)
+        if not all(0.0 <= float(v) <= 4.0 for v in r.tint):
+            fail("robot.tint", f"expected 3 multipliers in [0, 4] (r, g, b), got {r.tint}")
     _check_len(fail, "robot.init_qpos", r.init_qpos, 7)
     for key in ("arm_kp", "arm_kv", "arm_torque_limit"):
         _check_len(fail, f"robot.{key}", getattr(r, key), 7)

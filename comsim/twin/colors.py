@@ -19,21 +19,10 @@ import cv2
 import mujoco
 import numpy as np
 
-from comsim.sim.scene import OBJECT_PREFIX, ROBOT_PREFIX, Scene, build_mjspec
+from comsim.sim.scene import OBJECT_PREFIX, ROBOT_PREFIX, Scene, apply_robot_tint, build_mjspec
 from comsim.sim.spec import SceneSpec
 
 ROUNDS = 3
-
-
-def apply_robot_tint(ms: mujoco.MjSpec, tint) -> None:
-    """Multiply the robot's materials and rgba-coloured geoms by ``tint`` (r, g, b)."""
-    t = list(np.clip(np.asarray(tint, np.float64), 0.0, 4.0)) + [1.0]
-    for mat in ms.materials:
-        if mat.name.startswith(ROBOT_PREFIX):
-            mat.rgba = [min(1.0, a * b) for a, b in zip(mat.rgba, t)]
-    for geom in ms.geoms:
-        if geom.name.startswith(ROBOT_PREFIX) and not geom.material:
-            geom.rgba = [min(1.0, a * b) for a, b in zip(geom.rgba, t)]
 
 
 def twin_scene(spec: SceneSpec, robot_tint=None) -> Scene:
@@ -142,7 +131,10 @@ def _current(spec: SceneSpec, tint, residual) -> dict:
 
 
 def apply_colors(spec: SceneSpec, colors: dict) -> None:
-    """Write estimated colours into a SceneSpec (the robot tint is applied when building)."""
+    """Write estimated colours into a SceneSpec; the robot tint goes into ``robot.tint`` (on top of
+    any tint the spec had: the estimate was rendered with it), which the scene builder applies."""
+    old = np.ones(3) if spec.robot.tint is None else np.asarray(spec.robot.tint, np.float64)
+    spec.robot.tint = [float(v) for v in np.clip(old * np.asarray(colors["robot_tint"], np.float64), 0.0, 4.0)]
     spec.table.rgba = list(colors["table"])
     spec.backdrop.wall_rgba = list(colors["wall"])
     spec.backdrop.floor_rgba = list(colors["floor"])

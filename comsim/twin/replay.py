@@ -197,7 +197,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
         refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), log=log)
         poses = {n: (np.asarray(r["pos"]), yaw_quat(r["yaw"])) for n, r in refined["objects"].items()}
     render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
-    scene = twin_scene(render_spec, al["colors"]["robot_tint"])
+    # the aligned spec carries the robot's tint (robot.tint); alignments written without it keep it in colors
+    scene = twin_scene(render_spec, None if render_spec.robot.tint is not None else al["colors"]["robot_tint"])
     scene.reset(arm_qpos=ep.state[0, :7], object_poses=poses)
     scene.set_robot_qpos(ep.state[0, :7], float(ep.state[0, 7]))
     view = RealCameraView(scene, cam, render_cam, K, dist, W, H, margin)
