@@ -82,6 +82,8 @@ def _edited(tmp_path, old: str, new: str, base: str = "stack") -> tuple[Path, in
      "move.to: [1.2, 0.0, 0.1] is outside the workspace"),
     ("- grasp: {object: top}", "- wait: {seconds: 1}", "+2 stack: nothing is held here; add a grasp before it"),
     ("colors: [red, orange, yellow]", "colors: [red, ornage]", "objects.top.colors[1]: colour 'ornage' unknown"),
+    ("colors: [red, orange, yellow]", "colors: ['scene:green_cube']",
+     "colour 'scene:green_cube': the scene"),
     ("top:  {x: [0.42, 0.58], y: [-0.20, -0.05]}", "top:  {x: [0.42, 0.58], y: [-0.20, -0.05], z: 1}",
      "layout.in_distribution.top: unknown key 'z'"),
     ("base: {x: [0.42, 0.58], y: [0.05, 0.20]}", "base: {x: [0.42, 0.95], y: [0.05, 0.20]}",
@@ -102,6 +104,32 @@ def test_bad_task_names_the_line(tmp_path, old, new, expected):
         load_program(path)
     assert str(e.value).startswith(f"{path}:{line}: "), str(e.value)
     assert expected in str(e.value)
+
+
+def test_the_lab_push_program_takes_its_colours_from_the_scene(tmp_path):
+    """configs/tasks/lab_push.yaml: the lab's push as a factory program. Its cube and blue cube take
+    the scene's own colours (in an aligned twin: the colours the twin estimated for the real ones),
+    the target stays at the lab's (0.50, 0.12), and OOD starts leave the lab's cube region."""
+    import yaml
+
+    from comsim.sim.spec import load_scene_spec
+    from comsim.factory.program import task_in_scene
+    cell = yaml.safe_load((ROOT / "configs" / "twin" / "panda_cell.yaml").read_text())
+    cell["objects"][0]["rgba"] = [0.9, 0.3, 0.2, 1.0]  # an aligned red
+    scene = tmp_path / "aligned.yaml"
+    scene.write_text(yaml.safe_dump(cell))
+    prog = load_program(task_in_scene(TASKS / "lab_push.yaml", scene, tmp_path / "task.yaml"))
+    spec = load_scene_spec(scene)
+    for seed in range(4):
+        for split in ("id", "ood"):
+            setup = sample_setup(prog, seed, split)
+            objs = {o.name: o for o in setup.scene_spec(prog).objects}
+            assert list(objs) == ["cube", "distractor_0"]  # labels 2 and 3, as the lab's red and blue cubes
+            assert objs["cube"].rgba == [0.9, 0.3, 0.2, 1.0] and objs["distractor_0"].rgba == spec.objects[1].rgba
+            np.testing.assert_allclose(setup.targets["goal"], [0.50, 0.12])
+            x, y = setup.poses["cube"][:2]
+            in_id = 0.42 <= x <= 0.60 and -0.12 <= y <= -0.03
+            assert in_id == (split == "id"), (seed, split, x, y)
 
 
 def test_unreachable_target_is_a_task_error_naming_the_line(tmp_path):

@@ -48,6 +48,7 @@ COLORS = {
     "purple": (0.50, 0.20, 0.70), "pink": (0.95, 0.45, 0.65), "white": (0.92, 0.92, 0.90),
     "black": (0.08, 0.08, 0.08), "grey": (0.50, 0.50, 0.50), "brown": (0.45, 0.28, 0.15),
 }
+SCENE_COLOR = "scene:"  # `color: scene:red_cube`: the rgba of the scene's object red_cube
 SHAPES = ("cube", "box", "cylinder")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FULL_TURN = (-math.pi, math.pi)
@@ -236,9 +237,19 @@ class _Parser:
         return lo, hi
 
     def color(self, v, line: int, where: str) -> tuple[str, tuple[float, ...]]:
+        if isinstance(v, str) and v.startswith(SCENE_COLOR):
+            # the colour of one of the scene's own objects: in an aligned twin, the colour the twin
+            # estimated for the real object, so the episode's cube looks like the lab's
+            name = v[len(SCENE_COLOR):]
+            found = [o for o in self.scene.objects if o.name == name]
+            if not found:
+                self.fail(line, f"{where}: colour {v!r}: the scene {self.scene_file} has no object {name!r}; "
+                          f"its objects are {[o.name for o in self.scene.objects]}")
+            return name, tuple(float(x) for x in found[0].rgba)
         if isinstance(v, str):
             if v not in COLORS:
-                self.fail(line, f"{where}: colour {v!r} unknown; known: {sorted(COLORS)} or [r, g, b]")
+                self.fail(line, f"{where}: colour {v!r} unknown; known: {sorted(COLORS)}, [r, g, b] or "
+                          f"{SCENE_COLOR}<object of the scene>")
             return v, (*COLORS[v], 1.0)
         if isinstance(v, (list, tuple)) and len(v) in (3, 4) and all(isinstance(x, (int, float)) for x in v):
             if min(v) < 0 or max(v) > 1:
@@ -275,6 +286,7 @@ class _Parser:
             scene = load_scene_spec(scene_path)
         except ConfigError as e:
             self.fail(d.line_of("scene"), f"scene: {e}")
+        self.scene, self.scene_file = scene, scene_path  # colours may name the scene's objects
         camera = d.get("camera", scene.cameras[0].name if scene.cameras else None)
         if camera is None or camera not in [c.name for c in scene.cameras]:
             self.fail(d.line_of("camera"), f"camera: {camera!r} is not a camera of {scene_path}; "
@@ -517,5 +529,5 @@ def vocabulary() -> str:
     lines.append("Success predicates (success:), all must hold on the final state:")
     for name, pred in PREDICATES.items():
         lines += [f"  {name}: {(type(pred).__doc__ or '').strip().splitlines()[0]}", *params(pred.params)]
-    lines.append(f"Colours: {sorted(COLORS)} or [r, g, b]; shapes: {list(SHAPES)}")
+    lines.append(f"Colours: {sorted(COLORS)}, [r, g, b] or {SCENE_COLOR}<object of the scene>; shapes: {list(SHAPES)}")
     return "\n".join(lines)
