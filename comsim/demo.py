@@ -35,7 +35,10 @@ from comsim.run_layout import CONVERT, FACTORY, LAB_RECORD, POLICY, TRANSLATOR, 
 
 @dataclass
 class DemoProfile:
-    task: str = "push"
+    task: str = "push"  # the lab task recorded
+    # the factory program of the sim episodes: the lab's push (its cubes in the aligned twin's colours,
+    # its target), so the pseudo-real episodes show the task the lab's policy is scored on
+    sim_task: str = "lab_push"
     real_episodes: int = 10
     sim_episodes: int = 20
     ood_sim_episodes: int = 6  # out-of-distribution layouts, converted too: object fidelity where no real cube was
@@ -189,9 +192,9 @@ def _generate(sim_dir: Path, ood_dir: Path, p: DemoProfile, scene: Path) -> None
 
     # the twin's labels (seg) ride along: object fidelity compares the converted frames with them
     if not _done(sim_dir):
-        generate_dataset(p.task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene, controls=("seg",))
+        generate_dataset(p.sim_task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene, controls=("seg",))
     if p.ood_sim_episodes and not _done(ood_dir):
-        generate_dataset(p.task, p.ood_sim_episodes, ood_dir, workers=2, seed=2000, split="ood", scene=scene,
+        generate_dataset(p.sim_task, p.ood_sim_episodes, ood_dir, workers=2, seed=2000, split="ood", scene=scene,
                          controls=("seg",))
 
 
