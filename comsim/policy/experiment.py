@@ -381,22 +381,23 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         raise ConfigError(f"experiment {cfg.name!r}: datasets: expected at least one arm with its data, got none: "
                           + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()) if v))
     t0 = time.time()
-    results = []
     asked = {a.name for a in all_arms}
-    for arm in every_arm:
-        if arm.name not in asked:  # not asked for: in the table only if it is already finished
-            done = finished_arm(cfg, arm)
-            if done is not None:
-                results.append(done)
-            continue
+    # arms not asked for are in the table only if they are already finished (read from disk)
+    by_name = {a.name: finished_arm(cfg, a) for a in every_arm if a.name not in asked}
+
+    def table() -> list[dict]:  # in the config's order, the arms done so far
+        return [by_name[a.name] for a in every_arm if by_name.get(a.name) is not None]
+
+    for arm in all_arms:
         why = [missing[s.dataset] for s in arm.sources if missing.get(s.dataset)]
         if why:
             log(f"experiment: skipping arm {arm.name!r}: {why[0]}")
-            results.append({"name": arm.name, "status": "skipped", "label": arm.label, "reason": why[0],
-                            "synthetic_fraction_requested": arm.synthetic_fraction})
+            by_name[arm.name] = {"name": arm.name, "status": "skipped", "label": arm.label, "reason": why[0],
+                                 "synthetic_fraction_requested": arm.synthetic_fraction}
         else:
-            results.append(run_arm(cfg, arm, log, progress))
-        write_results(cfg, results)  # after every arm: a partial table is always on disk
+            by_name[arm.name] = run_arm(cfg, arm, log, progress)
+        write_results(cfg, table())  # after every arm: a partial table is always on disk
+    results = table()
     out = write_results(cfg, results)
     log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {ExperimentLayout(cfg.output_dir).results_md}")
     return out
