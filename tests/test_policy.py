@@ -445,6 +445,42 @@ def test_keypoint_crop_and_colour_branch():
     assert colour_only.encoder.net is None and colour_only(img, state).shape == (1, 4, 8)
 
 
+def test_standardised_colour_maps_put_the_keypoint_on_a_faint_colour():
+    """With ``pixel_gain`` each colour map is standardised over its pixels: a 3x3 patch that
+    the map barely prefers (a weak detector, 0.01 x the weights) still takes the keypoint to
+    its centre, where the raw map's softmax spreads over the whole crop and reads near 0."""
+    xs = {}
+    for gain in (None, 3.0):
+        cfg = policy_config({**KP, "crop": [8, 4, 16, 24], "pixel_keypoints": 1, "pixel_gain": gain})
+        enc = make_policy(cfg, stats=UNIT_STATS).eval().encoder
+        with torch.no_grad():
+            enc.pixel[0].weight.zero_(), enc.pixel[0].bias.zero_()
+            enc.pixel[0].weight[0, :, 0, 0] = torch.tensor([0.01, -0.01, -0.01])
+            enc.pixel_pool.keypoints.weight.zero_(), enc.pixel_pool.keypoints.bias.zero_()
+            enc.pixel_pool.keypoints.weight[0, 0] = 1.0
+        im = torch.full((1, 3, 16, 24), -1.0)
+        im[:, 0, 6:9, 18:21] = 1.0  # centre x = 19 px
+        xs[gain] = enc(im)[0, -2].item() * (24 - 1) / 2 + (24 - 1) / 2  # in px
+    assert xs[3.0] == pytest.approx(19, abs=0.5)
+    assert abs(xs[None] - 11.5) < 1.5  # raw: the mean of the crop
+    with pytest.raises(ConfigError, match="policy.pixel_gain: expected > 0"):
+        policy_config({**KP, "pixel_keypoints": 1, "pixel_gain": 0})
+
+
+def test_a_keypoint_policy_saved_without_pixel_gain_loads_with_raw_colour_maps(tmp_path):
+    cfg = policy_config({**KP, "pixel_keypoints": 2, "pixel_gain": None})
+    torch.manual_seed(0)
+    p = make_policy(cfg, stats=UNIT_STATS).eval()
+    p.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["pixel_gain"]  # a folder written before the setting existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    q = KeypointPolicy.from_pretrained(tmp_path)
+    assert q.config.pixel_gain is None and not q.encoder.pixel_standardise
+    img, state = torch.randint(0, 256, (1, 1, 3, 32, 32), dtype=torch.uint8), torch.rand(1, 1, 8)
+    torch.testing.assert_close(q(img, state), p(img, state))
+
+
 def test_keypoint_temporal_ensembling_averages_the_overlapping_chunks():
     torch.manual_seed(0)
     m = 0.5

@@ -198,8 +198,11 @@ class SpatialSoftmax(nn.Module):
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, height), torch.linspace(-1, 1, width), indexing="ij")
         self.register_buffer("pos_grid", torch.stack([xs.reshape(-1), ys.reshape(-1)], dim=1), persistent=False)
 
-    def forward(self, x: torch.Tensor, gain: torch.Tensor | float = 1.0) -> torch.Tensor:
-        attn = F.softmax(gain * self.keypoints(x).flatten(2), dim=-1)  # (B, K, H*W)
+    def forward(self, x: torch.Tensor, gain: torch.Tensor | float = 1.0, standardise: bool = False) -> torch.Tensor:
+        logits = self.keypoints(x).flatten(2)  # (B, K, H*W)
+        if standardise:  # each map in units of its own spread over the pixels
+            logits = (logits - logits.mean(-1, keepdim=True)) / (logits.std(-1, keepdim=True) + 1e-5)
+        attn = F.softmax(gain * logits, dim=-1)
         return (attn @ self.pos_grid).flatten(1)  # (B, K*2)
 
 
