@@ -1,7 +1,7 @@
 """A CPU policy: keypoints of a fixed crop of the frame -> MLP -> action chunk, trained with L1.
 
     obs image (B, n_obs, 3, H, W) uint8 ─► crop ─┬► conv stack (GroupNorm) ─► spatial softmax ─┐
-                                                 └► 1x1 colour convs ─► spatial softmax x gain ─┤
+                                                 └► 1x1 colour convs ─► standardise ─► softmax ─┤
     obs state (B, n_obs, S) ─► min-max to [-1, 1] ─────────────────────────────────────────────┴► MLP ─► (B, horizon, A)
 
 The Diffusion Policy (``model.py``) is the GPU default; on two CPU cores it does not learn
@@ -16,9 +16,10 @@ Vision. A fixed camera sees the table in a fixed place, so the policy looks at a
 ``crop`` of it at full resolution (the lab's 5-px cube stays 5 px) and positions are
 absolute: no random shift by default. Two keypoint sets join: the conv stack's (where the
 arm and the scene's parts are) and a per-pixel colour branch's, 1x1 convolutions whose
-spatial softmax has a learned gain, so that a few pixels of one colour (the cube) can take
-a keypoint. Measured on the lab push task (validation seeds): neither set alone learns in
-a few thousand steps; together they do.
+maps are standardised over the pixels before a spatial softmax with a learned gain, so that
+a few pixels of one colour (the cube) take a keypoint whatever the convs' scale. Measured on
+the lab push task (validation seeds): neither set alone learns in a few thousand steps;
+together they do, and the standardised colour maps are what puts a keypoint on the cube.
 
 Normalisation as the Diffusion Policy's (min-max to [-1, 1], stored as buffers):
 ``save_pretrained`` / ``from_pretrained`` reproduce actions exactly, and ``select_action``
