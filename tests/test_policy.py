@@ -607,6 +607,18 @@ def test_experiment_runner_micro(data, tmp_path):
     assert doc3["arms"][1] == by["real_sim"]
     saved = json.loads((tmp_path / "exp" / "results.json").read_text())
     assert [a["name"] for a in saved["arms"]] == [n for n in names if n != "real_missing"]
+    # A whole run's partial tables hold every arm finished on disk, also those later in the order:
+    # while the second arm is re-scored, the table written after the first already lists the rest.
+    for f in Path(by["real_sim"]["dir"]).glob("eval-*.json"):
+        f.unlink()
+    seen = {}
+
+    def snapshot(msg):
+        if msg.startswith("experiment: scoring arm 'real_sim'") and not seen:
+            seen["arms"] = [a["name"] for a in json.loads((tmp_path / "exp" / "results.json").read_text())["arms"]]
+    run_experiment(path, log=snapshot, progress=False)
+    assert seen["arms"] == ["real", "real_pseudo", "pseudo_only", "sweep_f0.25"]
+    assert weights.stat().st_mtime_ns == mtime
     with pytest.raises(ConfigError, match=r"exp.yaml: train: unknown key\(s\) \['stepz'\]"):
         load_experiment(path, ["train.stepz=3"])
 

@@ -381,9 +381,9 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         raise ConfigError(f"experiment {cfg.name!r}: datasets: expected at least one arm with its data, got none: "
                           + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()) if v))
     t0 = time.time()
-    asked = {a.name for a in all_arms}
-    # arms not asked for are in the table only if they are already finished (read from disk)
-    by_name = {a.name: finished_arm(cfg, a) for a in every_arm if a.name not in asked}
+    # every arm already finished on disk is in each partial table, also one later in the config's
+    # order than the arm being trained; arms that run replace their entry when they are done
+    by_name = {a.name: finished_arm(cfg, a) for a in every_arm}
 
     def table() -> list[dict]:  # in the config's order, the arms done so far
         return [by_name[a.name] for a in every_arm if by_name.get(a.name) is not None]
