@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--cell", default=None, help="lab cell YAML to run the loop on (default: the built-in lab, "
                    "configs/lab/default.yaml; e.g. configs/lab/cool_studio.yaml)")
     d.add_argument("--twin", default=None, help="the twin's nominal spec that the alignment starts from "
-                   "(default: configs/twin/panda_cell.yaml)")
+                   "(default: configs/twin/panda_cell_push.yaml, the lab's cell with its push target)")
     d.set_defaults(func=_demo)
     return p
 

@@ -22,6 +22,7 @@ T = TypeVar("T")
 # itself: commands and library calls work from any working directory.
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PANDA_CELL = CONFIGS / "twin" / "panda_cell.yaml"  # the nominal twin of the built-in lab's cell
+PANDA_PUSH_CELL = CONFIGS / "twin" / "panda_cell_push.yaml"  # ... with the push task's target sticker
 
 
 def config_file(path: str | Path) -> Path:

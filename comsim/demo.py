@@ -13,7 +13,7 @@ when its output is complete, so an interrupted demo resumes where it stopped. Co
 found from the package (``comsim.config.config_file``), so the demo runs from any working
 directory; every output lands under ``out``. ``--cell`` records the lab episodes in that cell
 and scores the policies there; the twin starts from its nominal spec (``--twin``, default
-configs/twin/panda_cell.yaml) and must find the cell's camera and colours itself.
+configs/twin/panda_cell_push.yaml) and must find the cell's camera and colours itself.
 ``profile="full"`` runs the experiment at the sizes of the Compositional Simulation table
 (hours on a GPU machine).
 """
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from comsim.config import PANDA_CELL, ConfigError, config_file
+from comsim.config import PANDA_PUSH_CELL, ConfigError, config_file
 from comsim.io.files import write_json
 from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
@@ -48,7 +48,9 @@ class DemoProfile:
     translator_steps: int | None = None  # None: the config's train.max_steps
     policy_experiment: str = "configs/experiments/demo_small.yaml"
     cell: str | None = None  # the lab cell YAML (None: the built-in lab, configs/lab/default.yaml)
-    twin: str = str(PANDA_CELL)  # the twin's nominal spec, which the alignment starts from
+    # the twin's nominal spec, which the alignment starts from: the lab's cell with the push task's target
+    # sticker (configs/twin/panda_cell.yaml, without it, for a task that has none)
+    twin: str = str(PANDA_PUSH_CELL)
     # dotted overrides of the translator and policy experiment configs (e.g. tiny sizes for a smoke run)
     translator_overrides: tuple[str, ...] = ()
     policy_overrides: tuple[str, ...] = ()

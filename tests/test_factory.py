@@ -109,13 +109,18 @@ def test_bad_task_names_the_line(tmp_path, old, new, expected):
 def test_the_lab_push_program_takes_its_colours_from_the_scene(tmp_path):
     """configs/tasks/lab_push.yaml: the lab's push as a factory program. Its cube and blue cube take
     the scene's own colours (in an aligned twin: the colours the twin estimated for the real ones),
+    its goal disc the look of the scene's push_target marker and replaces it (one disc, not two),
     the target stays at the lab's (0.50, 0.12), and OOD starts leave the lab's cube region."""
+    import dataclasses
+
+    import mujoco
     import yaml
 
     from comsim.sim.spec import load_scene_spec
     from comsim.factory.program import task_in_scene
-    cell = yaml.safe_load((ROOT / "configs" / "twin" / "panda_cell.yaml").read_text())
+    cell = dataclasses.asdict(load_scene_spec(ROOT / "configs" / "twin" / "panda_cell_push.yaml"))
     cell["objects"][0]["rgba"] = [0.9, 0.3, 0.2, 1.0]  # an aligned red
+    cell["markers"][0]["rgba"] = [0.2, 0.7, 0.3, 1.0]
     scene = tmp_path / "aligned.yaml"
     scene.write_text(yaml.safe_dump(cell))
     prog = load_program(task_in_scene(TASKS / "lab_push.yaml", scene, tmp_path / "task.yaml"))
@@ -130,6 +135,11 @@ def test_the_lab_push_program_takes_its_colours_from_the_scene(tmp_path):
             x, y = setup.poses["cube"][:2]
             in_id = 0.42 <= x <= 0.60 and -0.12 <= y <= -0.03
             assert in_id == (split == "id"), (seed, split, x, y)
+    m = setup.build_scene(prog).model
+    discs = [m.geom(i) for i in range(m.ngeom) if m.geom(i).name.startswith("marker/")]
+    assert [d.name for d in discs] == ["marker/goal"]
+    np.testing.assert_allclose(discs[0].rgba, [0.2, 0.7, 0.3, 1.0], atol=1e-6)
+    assert discs[0].type == mujoco.mjtGeom.mjGEOM_CYLINDER and discs[0].contype == 0
 
 
 def test_unreachable_target_is_a_task_error_naming_the_line(tmp_path):

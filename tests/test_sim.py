@@ -82,6 +82,50 @@ def test_bad_specs_fail_with_file_and_key(tmp_path, edit, expected):
         assert part in msg, msg
 
 
+def test_a_spec_starts_from_its_base_and_changes_some_keys(tmp_path):
+    """``base:``: mappings merge key by key, lists replace; the shipped push cell is the nominal cell
+    and its target sticker; a base that is missing or leads back to itself is an error naming the file."""
+    push = load_scene_spec(CELL.parent / "panda_cell_push.yaml")
+    cell = load_scene_spec(CELL)
+    assert push.cameras == cell.cameras and push.objects == cell.objects and push.table == cell.table
+    assert [(m.name, m.pos, m.radius) for m in push.markers] == [("push_target", [0.5, 0.12], 0.04)]
+    assert cell.markers == [] and spec_hash(push) != spec_hash(cell)
+    write_yaml(tmp_path, cell_dict())
+    child = tmp_path / "child.yaml"
+    child.write_text("base: cell.yaml\ntable: {friction: 0.9}\nobjects: []\n")
+    spec = load_scene_spec(child)
+    assert spec.table.friction == 0.9 and spec.table.rgba == cell.table.rgba and spec.objects == []
+    (tmp_path / "loop.yaml").write_text("base: child2.yaml\n")
+    (tmp_path / "child2.yaml").write_text("base: loop.yaml\n")
+    for path, words in ((tmp_path / "loop.yaml", ["loop.yaml", "base", "itself"]),
+                        (write_yaml(tmp_path, {"base": "nowhere.yaml"}, "lost.yaml"), ["lost.yaml", "base",
+                                                                                         "nowhere.yaml", "not found"])):
+        with pytest.raises(ConfigError) as e:
+            load_scene_spec(path)
+        assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_marker_is_a_flat_disc_the_camera_sees_and_nothing_touches():
+    """A marker draws its rgba where it lies on the table, is background in segmentation, and a cube
+    set on it rests on the table top, not on the disc."""
+    d = cell_dict()
+    d["objects"] = [{"name": "red_cube", "shape": "box", "size": [0.05] * 3, "pos": [0.45, 0.05]}]
+    d["markers"] = [{"name": "sticker", "pos": [0.45, 0.05], "radius": 0.06, "rgba": [0.1, 0.9, 0.2, 1.0]}]
+    scene = Scene(scene_spec_from_dict(d))
+    cam = scene.spec.cameras[0]
+    with SceneRenderer(scene, "front") as r:
+        rgb, seg = r.rgb(), r.segmentation()
+    u, v = project_points(cam.K, cam.T_cam_from_base, [[0.488, 0.026, 0.0]])[0]  # on the disc, camera side of the cube
+    px = rgb[int(round(v)), int(round(u))].astype(int)
+    assert px[1] > px[0] + 60 and px[1] > px[2] + 60, px
+    assert seg[int(round(v)), int(round(u))] == 0
+    for _ in range(50):
+        scene.step(np.concatenate([scene.get_state()[:7], [1.0]]))
+    assert abs(scene.object_pose("red_cube")[0][2] - 0.025) < 1e-3
+    with pytest.raises(ConfigError, match=r"markers\[0\]\.radius"):
+        scene_spec_from_dict({**d, "markers": [{**d["markers"][0], "radius": 0}]})
+
+
 def _panda_copy(folder: Path, skip: str | None = None) -> Path:
     """The built-in Panda as ONE MJCF (arm + hand) beside links to its meshes."""
     folder.mkdir(parents=True)

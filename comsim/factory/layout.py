@@ -17,18 +17,16 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-import mujoco
 import numpy as np
 
 from comsim.factory.params import sample
 from comsim.factory.program import ObjectRole, ProgramError, Region, TaskProgram
 from comsim.sim.motion import tcp_yaw
-from comsim.sim.scene import Scene, build_mjspec
+from comsim.sim.scene import Scene, add_marker, build_mjspec
 from comsim.sim.spec import ObjectSpec, SceneSpec
 
 LAYOUT, INSTANCES, DISTRACTORS, PARAMS = 0, 1, 2, 3
 MAX_LAYOUT_DRAWS = 1000
-MARKER_PREFIX = "marker/"  # target discs: visual only, label 0 (background) in segmentation
 SPLITS = ("id", "ood")
 
 
@@ -87,18 +85,18 @@ class EpisodeSetup:
     home_yaw: float = 0.0
 
     def scene_spec(self, program: TaskProgram) -> SceneSpec:
-        """The twin cell with this episode's objects (task roles first: segmentation labels 2, 3, ...)."""
+        """The twin cell with this episode's objects (task roles first: segmentation labels 2, 3, ...); the
+        program's targets replace the cell's markers (a target may take a marker's look: ``scene:NAME``)."""
         spec = copy.deepcopy(program.scene)
         spec.objects = [inst.spec(*self.poses[inst.name]) for inst in [*self.roles.values(), *self.distractors]]
+        spec.markers = []
         return spec
 
     def build_scene(self, program: TaskProgram) -> Scene:
         spec = self.scene_spec(program)
         ms = build_mjspec(spec)
-        for name, xy in self.targets.items():  # flat discs with no collision, under the objects
-            ms.worldbody.add_geom(name=MARKER_PREFIX + name, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
-                                  size=[self.target_radius[name], 0.0005, 0], pos=[xy[0], xy[1], 0.0006],
-                                  rgba=list(self.target_rgba[name]), contype=0, conaffinity=0)
+        for name, xy in self.targets.items():
+            add_marker(ms, name, xy, self.target_radius[name], self.target_rgba[name])
         return Scene(spec, mjspec=ms)
 
     def describe(self) -> dict:

@@ -48,7 +48,7 @@ COLORS = {
     "purple": (0.50, 0.20, 0.70), "pink": (0.95, 0.45, 0.65), "white": (0.92, 0.92, 0.90),
     "black": (0.08, 0.08, 0.08), "grey": (0.50, 0.50, 0.50), "brown": (0.45, 0.28, 0.15),
 }
-SCENE_COLOR = "scene:"  # `color: scene:red_cube`: the rgba of the scene's object red_cube
+SCENE_COLOR = "scene:"  # `color: scene:red_cube`: the rgba of the scene's object (or marker) red_cube
 SHAPES = ("cube", "box", "cylinder")
 NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 FULL_TURN = (-math.pi, math.pi)
@@ -238,18 +238,20 @@ class _Parser:
 
     def color(self, v, line: int, where: str) -> tuple[str, tuple[float, ...]]:
         if isinstance(v, str) and v.startswith(SCENE_COLOR):
-            # the colour of one of the scene's own objects: in an aligned twin, the colour the twin
-            # estimated for the real object, so the episode's cube looks like the lab's
+            # the colour of one of the scene's own objects or markers: in an aligned twin, the colour the
+            # twin estimated for the real object, so the episode's cube looks like the lab's; a marker's,
+            # so the target disc looks like the one in the twin's replays
             name = v[len(SCENE_COLOR):]
-            found = [o for o in self.scene.objects if o.name == name]
+            found = [o for o in [*self.scene.objects, *self.scene.markers] if o.name == name]
             if not found:
-                self.fail(line, f"{where}: colour {v!r}: the scene {self.scene_file} has no object {name!r}; "
-                          f"its objects are {[o.name for o in self.scene.objects]}")
+                self.fail(line, f"{where}: colour {v!r}: the scene {self.scene_file} has no object or marker "
+                          f"{name!r}; its objects are {[o.name for o in self.scene.objects]}, its markers "
+                          f"{[m.name for m in self.scene.markers]}")
             return name, tuple(float(x) for x in found[0].rgba)
         if isinstance(v, str):
             if v not in COLORS:
                 self.fail(line, f"{where}: colour {v!r} unknown; known: {sorted(COLORS)}, [r, g, b] or "
-                          f"{SCENE_COLOR}<object of the scene>")
+                          f"{SCENE_COLOR}<object or marker of the scene>")
             return v, (*COLORS[v], 1.0)
         if isinstance(v, (list, tuple)) and len(v) in (3, 4) and all(isinstance(x, (int, float)) for x in v):
             if min(v) < 0 or max(v) > 1:
@@ -529,5 +531,5 @@ def vocabulary() -> str:
     lines.append("Success predicates (success:), all must hold on the final state:")
     for name, pred in PREDICATES.items():
         lines += [f"  {name}: {(type(pred).__doc__ or '').strip().splitlines()[0]}", *params(pred.params)]
-    lines.append(f"Colours: {sorted(COLORS)}, [r, g, b] or {SCENE_COLOR}<object of the scene>; shapes: {list(SHAPES)}")
+    lines.append(f"Colours: {sorted(COLORS)}, [r, g, b] or {SCENE_COLOR}<object or marker of the scene>; shapes: {list(SHAPES)}")
     return "\n".join(lines)

@@ -16,9 +16,9 @@ import numpy as np
 
 from comsim.config import ConfigError
 from comsim.lab.cell import LabCell, PushTaskCell, Region, StackTaskCell
-from comsim.sim.scene import yaw_quat
+from comsim.sim.scene import add_marker, yaw_quat
 
-TARGET_GEOM = "marker/push_target"  # visual only: no collision, label 0 (background) in segmentation
+TARGET_NAME = "push_target"  # a marker (comsim.sim.scene.add_marker): no collision, background in segmentation
 GRIPPER_OPEN_WIDTH = 0.06  # m: "released" means the fingers are at least this far apart
 STACK_Z_TOL = 0.01  # m: resting on top, not balanced on an edge or still falling
 ON_TABLE_Z_TOL = 0.01
@@ -88,9 +88,7 @@ class PushTask(Task):
 
     def decorate(self, ms: mujoco.MjSpec) -> None:
         c = self.cfg
-        ms.worldbody.add_geom(name=TARGET_GEOM, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
-                              size=[c.target_radius, 0.0005, 0], pos=[c.target[0], c.target[1], 0.0006],
-                              rgba=c.target_rgba, contype=0, conaffinity=0)
+        add_marker(ms, TARGET_NAME, c.target, c.target_radius, c.target_rgba)
 
     def _layout_ok(self, layout) -> bool:
         cube = layout[self.cfg.cube][0][:2]

@@ -24,6 +24,7 @@ from comsim.sim.spec import (ConfigError, RobotSpec, SceneSpec, load_scene_spec,
 
 ROBOT_PREFIX = "robot/"
 OBJECT_PREFIX = "object/"
+MARKER_PREFIX = "marker/"  # flat discs with no collision: label 0 (background) in segmentation
 ARM_ACTUATORS = [f"{ROBOT_PREFIX}act_joint{i}" for i in range(1, 8)]
 GRIPPER_ACTUATOR = f"{ROBOT_PREFIX}act_gripper"
 TCP_SITE = f"{ROBOT_PREFIX}tcp"
@@ -62,8 +63,15 @@ def apply_robot_tint(ms: mujoco.MjSpec, tint) -> None:
             geom.rgba = [min(1.0, a * b) for a, b in zip(geom.rgba, t)]
 
 
+def add_marker(ms: mujoco.MjSpec, name: str, xy, radius: float, rgba) -> None:
+    """A flat disc on the table top, under the objects, that nothing collides with (a target sticker)."""
+    ms.worldbody.add_geom(name=MARKER_PREFIX + name, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
+                          size=[radius, 0.0005, 0], pos=[xy[0], xy[1], 0.0006], rgba=list(rgba),
+                          contype=0, conaffinity=0)
+
+
 def build_mjspec(spec: SceneSpec) -> mujoco.MjSpec:
-    """The whole cell as an uncompiled MjSpec (robot, table, backdrop, objects, cameras, lights)."""
+    """The whole cell as an uncompiled MjSpec (robot, table, markers, backdrop, objects, cameras, lights)."""
     validate_scene_spec(spec)
     s = mujoco.MjSpec()
     s.modelname = "comsim_cell"
@@ -81,6 +89,9 @@ def build_mjspec(spec: SceneSpec) -> mujoco.MjSpec:
                    pos=[t.center[0], t.center[1], -t.height / 2], rgba=t.rgba,
                    friction=[t.friction, 0.005, 0.0001],
                    contype=WORLD_CONTYPE, conaffinity=WORLD_CONAFFINITY)
+
+    for mk in spec.markers:
+        add_marker(s, mk.name, mk.pos, mk.radius, mk.rgba)
 
     robot = _robot_mjspec(spec.robot)
     world.add_frame(pos=spec.robot.base_pos).attach_body(robot.worldbody.first_body(), ROBOT_PREFIX, "")

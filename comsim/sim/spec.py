@@ -6,6 +6,8 @@ All positions are in the world frame, which is the robot base frame (CONTRACTS.m
 
 ``load_scene_spec`` reads a file; ``scene_spec_from_dict`` builds one in code. Both run
 ``validate_scene_spec``, whose errors name the key (``cameras[0].T_cam_from_base: ...``).
+A file may start from another one (``base: panda_cell.yaml``, relative to the file) and
+change some keys: mappings merge key by key, lists and values replace.
 """
 from __future__ import annotations
 
@@ -80,6 +82,19 @@ class ObjectSpec:
 
 
 @dataclass
+class MarkerSpec:
+    """A flat disc on the table with no collision (a target sticker); label 0 (background) in segmentation.
+
+    Drawn as written, not colour-matched: the factory's targets that name it (``color: scene:NAME``)
+    take the same rgba, so the translator sees one look for the disc in its pairs and in the factory's
+    episodes."""
+    name: str
+    pos: list[float]  # [x, y] of the centre on the table
+    radius: float = 0.04
+    rgba: list[float] = field(default_factory=lambda: [0.15, 0.62, 0.28, 1.0])
+
+
+@dataclass
 class CameraSpec:
     name: str
     width: int
@@ -124,6 +139,7 @@ class SceneSpec:
     table: TableSpec = field(default_factory=TableSpec)
     backdrop: BackdropSpec = field(default_factory=BackdropSpec)
     objects: list[ObjectSpec] = field(default_factory=list)
+    markers: list[MarkerSpec] = field(default_factory=list)
     cameras: list[CameraSpec] = field(default_factory=list)
     lights: list[LightSpec] = field(default_factory=lambda: [LightSpec()])
     render: RenderSpec = field(default_factory=RenderSpec)
@@ -142,10 +158,33 @@ class SceneSpec:
 def load_scene_spec(path: str | Path, overrides: list[str] | None = None) -> SceneSpec:
     """Read a scene YAML; relative file paths in it are taken from the YAML's folder."""
     path = Path(path)
-    data = load_yaml(path)
+    data = _load_with_base(path, [])
     if overrides:
         data = apply_overrides(data, overrides)
     return scene_spec_from_dict(data, where=str(path), base_dir=path.parent)
+
+
+def _load_with_base(path: Path, chain: list[Path]) -> dict:
+    data = load_yaml(path)
+    if "base" not in data:
+        return data
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{path}: base: expected the path of another scene YAML, got {base!r}")
+    base_path = (path.parent / os.path.expanduser(base)).resolve()
+    if base_path in chain or base_path == path.resolve():
+        raise ConfigError(f"{path}: base: {base} leads back to itself "
+                          f"({' -> '.join(str(p) for p in [*chain, base_path])})")
+    if not base_path.is_file():
+        raise ConfigError(f"{path}: base: {base_path} not found")
+    return _merged(_load_with_base(base_path, [*chain, path.resolve()]), data)
+
+
+def _merged(base: dict, changes: dict) -> dict:
+    out = dict(base)
+    for k, v in changes.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def scene_spec_from_dict(data: dict, where: str = "scene", base_dir: str | Path | None = None,
@@ -165,6 +204,8 @@ def spec_hash(spec: SceneSpec) -> str:
     d = dataclasses.asdict(spec)
     if d["robot"]["tint"] is None:  # an untinted robot adds nothing: untinted specs hash as they always have
         del d["robot"]["tint"]
+    if not d["markers"]:  # likewise a cell without markers
+        del d["markers"]
     return hash_dict(d)
 
 
@@ -228,6 +269,17 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
         _check_rgba(fail, f"{key}.rgba", o.rgba)
         if len(o.pos) not in (2, 3):
             fail(f"{key}.pos", f"expected [x, y] or [x, y, z], got {o.pos}")
+
+    marker_names = set()
+    for i, m in enumerate(spec.markers):
+        key = f"markers[{i}]"
+        if m.name in marker_names:
+            fail(f"{key}.name", f"duplicate marker name {m.name!r}")
+        marker_names.add(m.name)
+        _check_len(fail, f"{key}.pos", m.pos, 2)
+        if not 0 < m.radius <= 0.5:
+            fail(f"{key}.radius", f"expected metres in (0, 0.5], got {m.radius}")
+        _check_rgba(fail, f"{key}.rgba", m.rgba)
 
     cam_names = set()
     for i, c in enumerate(spec.cameras):

@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from comsim.config import PANDA_CELL
+from comsim.config import PANDA_CELL, PANDA_PUSH_CELL
 from comsim.io.files import write_json
 from comsim.io.keys import sim_key
 
@@ -50,8 +50,10 @@ def sim_vs_real_psnr(paired: Path) -> float:
                      for ep in (ds.read_episode(e, cameras=[cam, sim_key(cam)]) for e in range(len(ds))))
 
 
-def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physics", twin: Path = PANDA_CELL,
+def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physics", twin: Path | None = None,
                    log=print) -> list[Path]:
+    """``twin``: the twin spec of every task's replays; None: each task's own cell (push: the cell with the
+    target sticker that the lab's push episodes show, ``panda_cell_push.yaml``; stack: ``panda_cell.yaml``)."""
     from comsim.lab.record import record_dataset
     from comsim.twin.replay import replay_dataset
 
@@ -64,7 +66,8 @@ def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physi
         t0 = time.perf_counter()
         real = record_dataset(task, episodes=n, out=out / f"lab_{task}", seed=seed + j)
         t1 = time.perf_counter()
-        p = replay_dataset(real, twin, out / f"paired_{task}", mode=mode, calibration=true_calibration(real),
+        task_twin = twin or (PANDA_PUSH_CELL if task == "push" else PANDA_CELL)
+        p = replay_dataset(real, task_twin, out / f"paired_{task}", mode=mode, calibration=true_calibration(real),
                            log=log)
         timings[task] = {"record_s": round(t1 - t0, 1), "replay_s": round(time.perf_counter() - t1, 1)}
         paired.append(Path(p))
