@@ -32,9 +32,10 @@ def test_configs_resolve_from_any_working_directory(tmp_path, monkeypatch):
 
 def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     """One episode on the second cell: another camera and look than the built-in lab, recorded from
-    another folder and replayed in the nominal twin (with the cell's true camera, no calibration),
-    which finds both cubes where the lab put them."""
-    from comsim.config import PANDA_CELL
+    another folder and replayed in the nominal twin of the push cell (with the cell's true camera, no
+    calibration), which finds both cubes where the lab put them and draws the target sticker where the
+    lab's frames show it."""
+    from comsim.config import PANDA_PUSH_CELL
     from comsim.lab import load_lab_cell, record_dataset
     from comsim.twin.lab_pairs import true_calibration
     from comsim.twin.replay import replay_dataset
@@ -51,7 +52,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     np.testing.assert_allclose(truth["camera"]["T_cam_from_base"], T_cool, atol=1e-6)
     ep = LeRobotDataset(lab)[0]
     assert ep.frames["front"].shape[1:] == (128, 128, 3) and len(ep) > 20
-    out = replay_dataset(lab, PANDA_CELL, tmp_path / "paired", mode="kinematic",
+    out = replay_dataset(lab, PANDA_PUSH_CELL, tmp_path / "paired", mode="kinematic",
                          calibration=true_calibration(tmp_path / "lab"), refine=False, log=lambda *a: None)
     paired = LeRobotDataset(out)[0]
     assert set(paired.frames) == {"front", "front_sim", "front_sim_seg"}
@@ -61,6 +62,11 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     assert robot.mean() > 0.02
     lab_dark = ep.frames["front"].astype(int).mean(-1)
     assert abs(lab_dark[robot].mean() - lab_dark[~robot].mean()) > 20  # the arm stands out of the cool backdrop
+    from comsim.sim.camera import project_points
+    u, v = np.round(project_points(cool.scene.camera(cool.camera).K, T_cool, [[*cool.tasks.push.target, 0.0]])[0])
+    for frame in (paired.frames["front"][0], paired.frames["front_sim"][0]):  # the lab's, the twin's
+        r, g, b = frame[int(v) - 1:int(v) + 2, int(u) - 1:int(u) + 2].reshape(-1, 3).astype(int).mean(0)
+        assert g > r + 30 and g > b + 10, (r, g, b)
     # the objects, localized against the robot-free still (a blue cube on a blue-grey table was not found:
     # 40 cm off; the cell's pale table is what makes it visible)
     errors = json.loads((out / "alignment_report.json").read_text())["episodes"][0]["object_initial_error_m"]
