@@ -255,12 +255,7 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
     _check_rgba(fail, "backdrop.floor_rgba", spec.backdrop.floor_rgba)
     _check_rgba(fail, "backdrop.wall_rgba", spec.backdrop.wall_rgba)
 
-    names = set()
-    for i, o in enumerate(spec.objects):
-        key = f"objects[{i}]"
-        if o.name in names:
-            fail(f"{key}.name", f"duplicate object name {o.name!r}")
-        names.add(o.name)
+    for key, o in _named(fail, "objects", spec.objects):
         if o.shape not in ("box", "cylinder"):
             fail(f"{key}.shape", f"expected 'box' or 'cylinder', got {o.shape!r}")
         _check_len(fail, f"{key}.size", o.size, 3 if o.shape == "box" else 2)
@@ -270,27 +265,17 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
         if len(o.pos) not in (2, 3):
             fail(f"{key}.pos", f"expected [x, y] or [x, y, z], got {o.pos}")
 
-    marker_names = set()
-    for i, m in enumerate(spec.markers):
-        key = f"markers[{i}]"
-        if m.name in marker_names:
-            fail(f"{key}.name", f"duplicate marker name {m.name!r}")
-        marker_names.add(m.name)
+    for key, m in _named(fail, "markers", spec.markers):
         _check_len(fail, f"{key}.pos", m.pos, 2)
         if not 0 < m.radius <= 0.5:
             fail(f"{key}.radius", f"expected metres in (0, 0.5], got {m.radius}")
         _check_rgba(fail, f"{key}.rgba", m.rgba)
 
-    cam_names = set()
-    for i, c in enumerate(spec.cameras):
-        key = f"cameras[{i}]"
-        if c.name in cam_names:
-            fail(f"{key}.name", f"duplicate camera name {c.name!r}")
+    for key, c in _named(fail, "cameras", spec.cameras):
         try:  # camera names become video feature keys, i.e. folder and file names
             safe_name(c.name, None, "")
         except InputError as e:
             fail(f"{key}.name", f"expected {e.expected}, got {c.name!r}")
-        cam_names.add(c.name)
         if c.width <= 0 or c.height <= 0:
             fail(key, f"width and height must be positive, got {c.width}x{c.height}")
         try:
@@ -312,6 +297,17 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
         fail("physics.cone", f"expected elliptic or pyramidal, got {p.cone!r}")
     if p.timestep <= 0 or p.substeps < 1:
         fail("physics", f"timestep must be > 0 and substeps >= 1, got {p.timestep}, {p.substeps}")
+
+
+def _named(fail, section: str, items: list):
+    """(key, item) of each entry of a list section, after checking that no name comes twice."""
+    seen = set()
+    for i, item in enumerate(items):
+        key = f"{section}[{i}]"
+        if item.name in seen:
+            fail(f"{key}.name", f"duplicate {section[:-1]} name {item.name!r}")
+        seen.add(item.name)
+        yield key, item
 
 
 def _check_len(fail, key: str, values: list, n: int) -> None:
