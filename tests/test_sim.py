@@ -71,6 +71,10 @@ def _bad(data_edit):
     (lambda d: d["objects"][0].update(size=[0.05, 0.05]), ["objects[0].size", "expected 3"]),
     (lambda d: d["robot"].update(init_qpos=[0.0] * 6), ["robot.init_qpos", "expected 7"]),
     (lambda d: d["robot"].update(mjcf="no/such/robot.xml"), ["robot.mjcf", "robot.xml", "not found"]),
+    (lambda d: d["objects"][1].update(name="red_cube"), ["objects[1].name", "duplicate object name"]),
+    (lambda d: d.update(markers=[{"name": "t", "pos": [0.5, 0]}, {"name": "t", "pos": [0.4, 0]}]),
+     ["markers[1].name", "duplicate marker name"]),
+    (lambda d: d.update(markers=[{"name": "t", "pos": [0.5]}]), ["markers[0].pos", "expected 2"]),
 ])
 def test_bad_specs_fail_with_file_and_key(tmp_path, edit, expected):
     path = write_yaml(tmp_path, _bad(edit))
