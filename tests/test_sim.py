@@ -107,6 +107,12 @@ def test_a_spec_starts_from_its_base_and_changes_some_keys(tmp_path):
         with pytest.raises(ConfigError) as e:
             load_scene_spec(path)
         assert all(w in str(e.value) for w in words), str(e.value)
+    # the base's own relative robot.mjcf is read from the base's folder, not the child's
+    (tmp_path / "cells").mkdir()
+    _panda_copy(tmp_path / "cells" / "robot")
+    write_yaml(tmp_path / "cells", {**cell_dict(), "robot": {"mjcf": "robot/panda.xml"}})
+    (tmp_path / "own_robot.yaml").write_text("base: cells/cell.yaml\n")
+    assert Path(load_scene_spec(tmp_path / "own_robot.yaml").robot.mjcf).resolve() == (tmp_path / "cells" / "robot" / "panda.xml").resolve()
 
 
 def test_a_marker_is_a_flat_disc_the_camera_sees_and_nothing_touches():

@@ -7,7 +7,8 @@ All positions are in the world frame, which is the robot base frame (CONTRACTS.m
 ``load_scene_spec`` reads a file; ``scene_spec_from_dict`` builds one in code. Both run
 ``validate_scene_spec``, whose errors name the key (``cameras[0].T_cam_from_base: ...``).
 A file may start from another one (``base: panda_cell.yaml``, relative to the file) and
-change some keys: mappings merge key by key, lists and values replace.
+change some keys: mappings merge key by key, lists and values replace. A relative
+``robot.mjcf`` is read from the folder of the file that names it.
 """
 from __future__ import annotations
 
@@ -177,7 +178,12 @@ def _load_with_base(path: Path, chain: list[Path]) -> dict:
                           f"({' -> '.join(str(p) for p in [*chain, base_path])})")
     if not base_path.is_file():
         raise ConfigError(f"{path}: base: {base_path} not found")
-    return _merged(_load_with_base(base_path, [*chain, path.resolve()]), data)
+    parent = _load_with_base(base_path, [*chain, path.resolve()])
+    mjcf = (parent.get("robot") or {}).get("mjcf") if isinstance(parent.get("robot"), dict) else None
+    if isinstance(mjcf, str) and mjcf and not os.path.isabs(os.path.expanduser(mjcf)):
+        # a path written in the base file is relative to the base file, wherever the child lives
+        parent["robot"] = {**parent["robot"], "mjcf": str(base_path.parent / mjcf)}
+    return _merged(parent, data)
 
 
 def _merged(base: dict, changes: dict) -> dict:
