@@ -576,6 +576,7 @@ def test_experiment_runner_micro(data, tmp_path):
     assert set(doc["gap_closed"]) == set(names) and doc["curve"][0]["real_episodes"] == 1
     saved = json.loads((tmp_path / "exp" / "results.json").read_text())
     assert [a["name"] for a in saved["arms"]] == names
+    assert saved["sweep"] == ["sweep_f0.25"] and saved["sweep_points"] == ["real_pseudo", "sweep_f0.25"]
     assert [r["arm"] for r in saved["rows"]][:2] == ["1 real", "1 lab + 1 sim (front_sim)"]
     # Resumable: a rerun (through the CLI) recomputes nothing.
     weights = Path(by["real"]["dir"]) / "policy" / "model.safetensors"

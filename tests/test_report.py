@@ -177,6 +177,7 @@ def _policy(run: Path) -> None:
         "config": {"eval": {"panels": {"id": {}, "ood": {}}, "n_trials": 10}, "train": {"steps": 300, "batch_size": 32},
                    "gap": {"baseline": "real10", "oracle": "real200"}},
         "gap_closed": {"real10": {"id": 0.0, "ood": 0.0}, "real10_pseudo": {"id": 0.5, "ood": None}},
+        "sweep": [], "sweep_points": ["real10_pseudo"],  # a main arm with the sweep's mixture is one of its points
         "curve": [{"arm": "real10", "real_episodes": 10, "id": {"success_rate": 0.3, "ci95": [0.11, 0.6]},
                    "ood": {"success_rate": 0.1, "ci95": [0.02, 0.4]}},
                   {"arm": "real200", "real_episodes": 200, "id": {"success_rate": 0.9, "ci95": [0.6, 0.98]},
@@ -268,7 +269,7 @@ def test_report_page_from_a_run_dir(report):
                  "id: successful rollout: trial 1, seed 1001", "id: failed rollout: trial 0, seed 1000",
                  "ood: failed rollout: trial 0", "2 min 36 s", "ends 3.0 cm from the target",
                  "Oracle curve: success vs real demonstrations", "Gap closed = (arm - real10) / (real200 - real10)",
-                 "Size: 300 training steps of batch 32 per arm, 10 trials per panel (demo)"):
+                 "Synthetic-fraction sweep", "Size: 300 training steps of batch 32 per arm, 10 trials per panel (demo)"):
         assert text in policy, text
 
     # rebuilding replaces the page atomically and drops media it no longer uses

@@ -165,6 +165,14 @@ class ExperimentConfig:
     def sweep_arms(self) -> list[str]:
         return [a.name for a in self.all_arms()[len(self.arms):]]
 
+    def sweep_points(self) -> list[str]:
+        """The sweep's arms and the main arms with the sweep's mixture (each is one point of it)."""
+        if self.sweep is None:
+            return []
+        mix = to_dict(MixtureConfig(resolve_sources(self, self.sweep.sources)))
+        return [a.name for a in self.arms if to_dict(MixtureConfig(resolve_sources(self, a.sources))) == mix] \
+            + self.sweep_arms()
+
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
     data = load_yaml(path)
@@ -465,7 +473,7 @@ def oracle_curve(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     layout = ExperimentLayout(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
-           "sweep": cfg.sweep_arms(), "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
+           "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(), "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
            "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(layout.results) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -535,11 +543,9 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     main = [r for r in doc["arms"] if r["name"] not in sweep]
     if main:
         lines += table(main, "Training data") + [""]
-    sw = [r for r in doc["arms"] if r["name"] in sweep]
-    if sw:  # main arms with the sweep's mixture are points of the sweep too
-        same = {a.name for a in cfg.arms if to_dict(MixtureConfig(resolve_sources(cfg, a.sources))) ==
-                to_dict(MixtureConfig(resolve_sources(cfg, cfg.sweep.sources)))}
-        sw = sorted(sw + [r for r in main if r["name"] in same],
+    if any(r["name"] in sweep for r in doc["arms"]):
+        points = set(doc["sweep_points"])
+        sw = sorted([r for r in doc["arms"] if r["name"] in points],
                     key=lambda r: (r.get("synthetic_fraction_requested") is None, r.get("synthetic_fraction_requested")))
         lines += [f"## Synthetic-fraction sweep: {cfg.sweep.label or cfg.sweep.name}", ""]
         lines += table(sw, "Arm") + [""]

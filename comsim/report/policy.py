@@ -69,10 +69,12 @@ def _curves(rep: Report, doc: dict, arms: list[dict], panels: list[str]) -> None
         series = {p: [(q["real_episodes"], q[p]["success_rate"]) for q in curve if p in q] for p in panels}
         svgs.append(line_chart_svg(series, title="Oracle curve: success vs real demonstrations",
                                    xlabel="real demonstrations", ylabel="success rate", log_y=False))
-    sweep = set(doc.get("sweep") or [])
+    sweep = set(doc.get("sweep_points") or doc.get("sweep") or [])  # results.json before sweep_points: "sweep"
     points = [a for a in arms if a.get("name") in sweep and a.get("status") == "done"]
     if points:
-        series = {p: sorted((a["synthetic_fraction"], a["panels"][p]["success_rate"]) for a in points) for p in panels}
+        frac = {a["name"]: a.get("synthetic_fraction", a.get("synthetic_fraction_requested")) for a in points}
+        series = {p: sorted((frac[a["name"]], a["panels"][p]["success_rate"]) for a in points
+                            if frac[a["name"]] is not None and p in a.get("panels", {})) for p in panels}
         svgs.append(line_chart_svg(series, title="Synthetic-fraction sweep", xlabel="synthetic fraction",
                                    ylabel="success rate", log_y=False))
     if any(svgs):
