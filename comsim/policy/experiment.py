@@ -473,8 +473,8 @@ def oracle_curve(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     layout = ExperimentLayout(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
-           "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(), "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
-           "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
+           "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(), "claim": judge_claim(cfg, results),
+           "gap_closed": gap_closed(cfg, results), "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(layout.results) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     with atomic_output(layout.results_md) as tmp:

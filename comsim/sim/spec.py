@@ -179,10 +179,11 @@ def _load_with_base(path: Path, chain: list[Path]) -> dict:
     if not base_path.is_file():
         raise ConfigError(f"{path}: base: {base_path} not found")
     parent = _load_with_base(base_path, [*chain, path.resolve()])
-    mjcf = (parent.get("robot") or {}).get("mjcf") if isinstance(parent.get("robot"), dict) else None
+    robot = parent.get("robot")
+    mjcf = robot.get("mjcf") if isinstance(robot, dict) else None
     if isinstance(mjcf, str) and mjcf and not os.path.isabs(os.path.expanduser(mjcf)):
         # a path written in the base file is relative to the base file, wherever the child lives
-        parent["robot"] = {**parent["robot"], "mjcf": str(base_path.parent / mjcf)}
+        parent["robot"] = {**robot, "mjcf": str(base_path.parent / mjcf)}
     return _merged(parent, data)
 
 
