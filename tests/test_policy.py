@@ -21,7 +21,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 from comsim.config import ConfigError  # noqa: E402
-from comsim.episode import Episode, Provenance, resize_frames  # noqa: E402
+from comsim.episode import Episode, Provenance  # noqa: E402
 from comsim.io.lerobot import LeRobotDataset, write_dataset  # noqa: E402
 from comsim.lab import record_dataset  # noqa: E402
 from comsim.policy import (DiffusionPolicy, MixtureConfig, MixtureDataset, PolicyRunConfig, SourceConfig,  # noqa: E402
@@ -503,46 +503,6 @@ def test_keypoint_temporal_ensembling_averages_the_overlapping_chunks():
     got = [p2.select_action(o) for o in obs]
     for t in range(6):
         np.testing.assert_allclose(got[t], chunks[t - t % 2][t % 2], rtol=1e-6)
-
-
-def test_a_first_frame_policy_sees_its_episode_s_first_frame(data, tmp_path):
-    """first_frame: training windows carry their episode's first frame, and in closed loop the
-    first observation stays in every later chunk's input (where the cube was before the arm came)."""
-    cfg = policy_config({**KP, "first_frame": True, "temporal_ensemble_coeff": None})
-    mix = MixtureDataset(MixtureConfig([SourceConfig(data["real"])]), cfg)
-    b = mix.sample(6, np.random.default_rng(0))
-    first = resize_frames(LeRobotDataset(data["real"]).read_episode(0).frames["front"][:1], (32, 32))[0]
-    assert b["first_images"].shape == (6, 3, 32, 32)
-    for i in range(6):
-        np.testing.assert_array_equal(b["first_images"][i].permute(1, 2, 0).numpy(), first)
-    assert "first_images" not in MixtureDataset(MixtureConfig([SourceConfig(data["real"])]),
-                                                policy_config(KP)).sample(2, np.random.default_rng(0))
-    torch.manual_seed(0)
-    p = make_policy(cfg, stats=UNIT_STATS).train()
-    loss = p.compute_loss(b)
-    loss.backward()
-    assert torch.isfinite(loss) and all(q.grad is not None for q in p.parameters())
-    with pytest.raises(ValueError, match="first_images"):
-        p(b["images"], b["state"])
-    p.eval()
-    rng = np.random.default_rng(1)
-    obs = [{"image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8), "state": rng.random(8, dtype=np.float32)}
-           for _ in range(4)]
-    other_start = [{**obs[0], "image": rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)}] + obs[1:]
-    p.reset()
-    a = [p.select_action(o) for o in obs]
-    p.reset()
-    c = [p.select_action(o) for o in other_start]
-    img = lambda o: torch.from_numpy(o["image"]).permute(2, 0, 1)  # noqa: E731
-    want = p.sample_actions(img(obs[3])[None, None], torch.from_numpy(obs[3]["state"])[None, None],
-                            first_images=img(obs[0])[None])[0, 0].numpy()
-    np.testing.assert_allclose(a[3], want, rtol=1e-6)
-    assert np.abs(a[3] - c[3]).max() > 1e-4  # same current frame, another first frame: another action
-    p.save_pretrained(tmp_path / "kp")
-    q = load_policy(tmp_path / "kp")
-    assert q.config.first_frame
-    q.reset()
-    np.testing.assert_array_equal(np.stack([q.select_action(o) for o in obs]), np.stack(a))
 
 
 def test_keypoint_policy_trains_and_runs_in_the_lab(data, tmp_path):

@@ -193,13 +193,12 @@ class MixtureDataset:
     # -- sampling
     def sample(self, batch_size: int, rng: np.random.Generator) -> dict[str, torch.Tensor]:
         """A batch of windows: images uint8 (B, n_obs, 3, h, w), state (B, n_obs, S),
-        action (B, horizon, A), action_is_pad (B, horizon), is_synthetic (B,); and with a
-        policy that sees its episode's first frame (``first_frame``), first_images uint8 (B, 3, h, w)."""
+        action (B, horizon, A), action_is_pad (B, horizon), is_synthetic (B,)."""
         cfg = self.policy
         synthetic = rng.random(batch_size) < self.synthetic_fraction
         obs_off = np.arange(cfg.n_obs_steps) - (cfg.n_obs_steps - 1)
         act_off = np.arange(cfg.horizon) - (cfg.n_obs_steps - 1)
-        images, states, actions, pads, firsts = [], [], [], [], []
+        images, states, actions, pads = [], [], [], []
         for syn in synthetic:
             pool = self.pools["synthetic" if syn else "real"]
             w = np.array([p.weight for p in pool])
@@ -211,15 +210,10 @@ class MixtureDataset:
             pads.append((a < lo) | (a >= hi))
             a = np.clip(a, lo, hi - 1)
             images.append(np.asarray(part.frames[o]))
-            if getattr(cfg, "first_frame", False):
-                firsts.append(np.asarray(part.frames[lo]))
             states.append(part.state[o])
             actions.append(part.action[a])
         self.drawn["synthetic"] += int(synthetic.sum())
         self.drawn["real"] += int((~synthetic).sum())
-        batch = {"images": torch.from_numpy(np.stack(images)).permute(0, 1, 4, 2, 3).contiguous(),
-                 "state": torch.from_numpy(np.stack(states)), "action": torch.from_numpy(np.stack(actions)),
-                 "action_is_pad": torch.from_numpy(np.stack(pads)), "is_synthetic": torch.from_numpy(synthetic)}
-        if getattr(cfg, "first_frame", False):
-            batch["first_images"] = torch.from_numpy(np.stack(firsts)).permute(0, 3, 1, 2).contiguous()
-        return batch
+        return {"images": torch.from_numpy(np.stack(images)).permute(0, 1, 4, 2, 3).contiguous(),
+                "state": torch.from_numpy(np.stack(states)), "action": torch.from_numpy(np.stack(actions)),
+                "action_is_pad": torch.from_numpy(np.stack(pads)), "is_synthetic": torch.from_numpy(synthetic)}

@@ -52,9 +52,6 @@ class KeypointConfig:
     state_dim: int = 8
     action_dim: int = 8
     n_obs_steps: int = 1  # observations the policy sees (1: the current frame)
-    # the episode's first frame joins the observations: where the objects started, seen before
-    # the arm moved over them (the camera loses a cube under the hand while it is pushed)
-    first_frame: bool = False
     horizon: int = 16  # actions predicted per chunk, starting at the oldest observation
     n_action_steps: int = 1  # frames between chunks (1: a new chunk every frame, ensembled)
     temporal_ensemble_coeff: float | None = 0.01  # ACT's m; null: execute n_action_steps of each chunk as is
@@ -126,8 +123,7 @@ class KeypointConfig:
         colour = f" + {self.pixel_keypoints} colour keypoints" if self.pixel_keypoints else ""
         if self.pixel_keypoints and self.pixel_gain is not None:
             colour += f" (standardised maps, gain {self.pixel_gain:g})"
-        first = ", + the episode's first frame" if self.first_frame else ""
-        return (f"keypoint policy (CNN {list(self.channels)}, {self.num_keypoints} spatial-softmax keypoints{colour}{first}, "
+        return (f"keypoint policy (CNN {list(self.channels)}, {self.num_keypoints} spatial-softmax keypoints{colour}, "
                 f"{self.image_size[0]}x{self.image_size[1]} images{crop}, L1 on chunks of {self.horizon}, {ens})")
 
 
@@ -190,7 +186,6 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         self.config = cfg
         self.encoder = KeypointEncoder(cfg)
         d_in = (self.encoder.feature_dim + (cfg.state_dim if cfg.use_state else 0)) * cfg.n_obs_steps
-        d_in += self.encoder.feature_dim if cfg.first_frame else 0
         layers = []
         for _ in range(cfg.mlp_layers):
             layers += [nn.Linear(d_in, cfg.hidden_dim), nn.ReLU(inplace=True)]
@@ -203,17 +198,10 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         self.reset()
 
     # -- model
-    def forward(self, images: torch.Tensor, state: torch.Tensor, generator: torch.Generator | None = None,
-                first_images: torch.Tensor | None = None):
-        """images uint8 (B, n_obs, 3, H, W), state raw (B, n_obs, S) -> normalised chunk (B, horizon, A).
-        With ``first_frame``, ``first_images`` uint8 (B, 3, H, W) is each episode's first frame."""
+    def forward(self, images: torch.Tensor, state: torch.Tensor, generator: torch.Generator | None = None):
+        """images uint8 (B, n_obs, 3, H, W), state raw (B, n_obs, S) -> normalised chunk (B, horizon, A)."""
         cfg = self.config
         B, n = images.shape[:2]
-        if cfg.first_frame:
-            if first_images is None:
-                raise ValueError("this policy has first_frame: true: pass first_images (B, 3, H, W), the episode's "
-                                 "first frame")
-            images = torch.cat([images, first_images[:, None]], dim=1)  # encoded with the others, in one pass
         x = images.flatten(0, 1)
         if cfg.crop is not None:  # before the float conversion: only the crop is converted
             t, l, h, w = cfg.crop
@@ -221,14 +209,10 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         x = x.float() / 127.5 - 1.0
         if self.training:
             x = random_shift(x, cfg.shift, generator)
-        keypoints = self.encoder(x).reshape(B, images.shape[1], -1)
-        feats = [keypoints[:, :n]]
+        feats = [self.encoder(x).reshape(B, n, -1)]
         if cfg.use_state:
             feats.append(self.normalize(state, "state"))
-        obs = torch.cat(feats, dim=-1).flatten(1)
-        if cfg.first_frame:
-            obs = torch.cat([obs, keypoints[:, n]], dim=-1)
-        return self.head(obs).reshape(B, cfg.horizon, cfg.action_dim)
+        return self.head(torch.cat(feats, dim=-1).flatten(1)).reshape(B, cfg.horizon, cfg.action_dim)
 
     def compute_loss(self, batch: dict, generator: torch.Generator | None = None) -> torch.Tensor:
         """L1 between the predicted and demonstrated chunks (normalised), padding masked out."""
@@ -237,9 +221,7 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         action = batch["action"].to(dev)
         if action.shape[1:] != (cfg.horizon, cfg.action_dim):
             raise ValueError(f"batch['action'] must be (B, {cfg.horizon}, {cfg.action_dim}), got {tuple(action.shape)}")
-        first = batch.get("first_images")
-        pred = self(batch["images"].to(dev), batch["state"].to(dev), generator,
-                    first_images=None if first is None else first.to(dev))
+        pred = self(batch["images"].to(dev), batch["state"].to(dev), generator)
         loss = (pred - self.normalize(action, "action")).abs()
         if "action_is_pad" in batch:
             keep = (~batch["action_is_pad"].to(dev)).unsqueeze(-1).float()
@@ -248,20 +230,16 @@ class KeypointPolicy(MinMaxStats, nn.Module):
 
     @torch.no_grad()
     def sample_actions(self, images: torch.Tensor, state: torch.Tensor, generator=None,
-                       num_inference_steps: int | None = None, first_images: torch.Tensor | None = None
-                       ) -> torch.Tensor:
-        """(B, horizon, A) unnormalised actions (deterministic; ``generator`` and
-        ``num_inference_steps`` are the Diffusion Policy's, accepted so callers need not tell
-        the two apart)."""
+                       num_inference_steps: int | None = None) -> torch.Tensor:
+        """(B, horizon, A) unnormalised actions (deterministic; the extra arguments are the
+        Diffusion Policy's, accepted so callers need not tell the two apart)."""
         dev = self.action_min.device
-        first = None if first_images is None else first_images.to(dev)
-        return self.unnormalize(self(images.to(dev), state.to(dev), first_images=first), "action")
+        return self.unnormalize(self(images.to(dev), state.to(dev)), "action")
 
     # -- closed loop
     def reset(self) -> None:
         """Forget the observation history and the pending chunks (call at every episode start)."""
         self._obs: deque = deque(maxlen=self.config.n_obs_steps)
-        self._first: torch.Tensor | None = None  # the episode's first image (first_frame policies)
         self._actions: deque = deque()
         self._chunks: list[tuple[int, np.ndarray]] = []  # (frame the chunk's first action is for, chunk)
         self._frame = 0
@@ -275,7 +253,6 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         state = torch.tensor(np.asarray(obs["state"], np.float32))  # a copy: obs arrays may be read-only
         if not self._obs:  # episode start: repeat the first observation (as the training windows pad)
             self._obs.extend([(image, state)] * cfg.n_obs_steps)
-            self._first = image
         else:
             self._obs.append((image, state))
         t, start = self._frame, cfg.n_obs_steps - 1  # the chunk starts at the oldest observation
@@ -297,8 +274,7 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         states = torch.stack([s for _, s in self._obs])[None]
         was_training = self.training
         self.eval()
-        first = self._first[None] if self.config.first_frame else None
-        chunk = self.sample_actions(images, states, first_images=first)[0].cpu().numpy()
+        chunk = self.sample_actions(images, states)[0].cpu().numpy()
         self.train(was_training)
         return chunk
 
