@@ -196,6 +196,8 @@ def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[
 def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
+    if not train["compile"]:  # an eager arm keeps the key it had before train.compile existed
+        del train["compile"]
     key = hash_dict({"data": to_dict(mix), "policy": policy_config(cfg.policy).to_dict(), "train": train})
     layout = ExperimentLayout(cfg.output_dir)
     return PolicyRunConfig(output_dir=str(layout.arm(arm.name, key[:8])), data=mix, policy=dict(cfg.policy),

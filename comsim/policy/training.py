@@ -49,6 +49,8 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     policy = make_policy(cfg, stats=data.stats())
     device = "cuda" if torch.cuda.is_available() else "cpu"
     policy.to(device).train()
+    if t.compile:
+        policy.compile()  # in place: parameters and state_dict keys stay the module's own
     opt = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
     sched = get_scheduler(t.lr_scheduler, opt, num_warmup_steps=min(t.warmup_steps, t.steps),
                           num_training_steps=t.steps)
@@ -73,7 +75,14 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         ts = time.perf_counter()
         rng, gen = step_generators(t.seed, step)
         batch = data.sample(t.batch_size, rng)
-        loss = policy.compute_loss(batch, gen)
+        try:
+            loss = policy.compute_loss(batch, gen)
+        except Exception as e:
+            if t.compile and step == start:  # the first call compiles
+                raise RuntimeError(f"train.compile: torch.compile could not build the policy ({type(e).__name__}: "
+                                   f"{str(e)[:300]}); on CPU it needs a C++ compiler (g++). Set train.compile: "
+                                   "false to train eagerly.") from e
+            raise
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), t.max_grad_norm)
