@@ -189,6 +189,29 @@ def test_same_seed_same_episode():
     assert episode_seed(0, 1) == episode_seed(0, 1) != episode_seed(0, 2) != episode_seed(1, 1)
 
 
+def test_operator_holds_the_hand_one_way_on_both_sides_of_the_target():
+    """Cubes a few cm either side of the line through the target along the home yaw: the pushing hand's
+    wrist (joint 7) differs by the small change in push direction, not by half a turn, and stays inside
+    the joint's range. Two wrist poses for neighbouring layouts are a two-mode demonstration set."""
+    target_x = load_lab_cell().tasks.push.target[0]
+    q7 = {}
+    with LabEnv(task="push") as env:
+        for seed in range(40):
+            env.reset(seed)
+            side = env.scene.object_pose("red_cube")[0][0] > target_x
+            x = env.scene.object_pose("red_cube")[0][0]
+            if side in q7 or abs(x - target_x) > 0.03 or abs(x - target_x) < 0.005:
+                continue
+            op = ScriptedTeleoperator(env, np.random.default_rng([seed, OPERATOR_STREAM]))
+            actions = [a for a, _ in zip(op.demonstrate(), range(45))]  # past the move to above the cube
+            q7[side] = actions[-1][6]
+            if len(q7) == 2:
+                break
+    assert len(q7) == 2, "no seed put the cube near the target's line on both sides"
+    assert abs(q7[True] - q7[False]) < 0.6, q7
+    assert all(abs(q) < 2.8 for q in q7.values()), q7  # joint 7: +-2.9 rad
+
+
 def test_env_errors():
     with LabEnv(task="push") as env:
         with pytest.raises(RuntimeError, match="reset"):

@@ -24,7 +24,7 @@ from typing import Iterator
 import numpy as np
 
 from comsim.factory.params import Param, Ref
-from comsim.sim.motion import CartesianCommander, nearest_symmetric, object_yaw, unit
+from comsim.sim.motion import CartesianCommander, nearest_symmetric, object_yaw, push_yaw, unit
 
 MIN_TCP_Z = 0.012  # m: lower and the fingertips scrape the table
 GRIPPER_OPEN = 1.0
@@ -379,7 +379,7 @@ class Push(Primitive):
         role = p["object"].name
         start, goal = ps.objects[role][0][:2], ps.xy(p["to"])
         d = unit(goal - start)
-        yaw = wrist_yaw(math.atan2(d[1], d[0]), math.pi, ps.yaw, ps.setup.home_yaw)
+        yaw = push_yaw(math.atan2(d[1], d[0]), ps.setup.home_yaw)  # one hand pose per direction
         behind = start - d * (self._contact(ps.setup, role) + 0.03)
         ps.aim(np.r_[behind, PUSH_Z + 0.08], yaw, "object")
         ps.aim(np.r_[behind, PUSH_Z], yaw, "object")
@@ -395,7 +395,7 @@ class Push(Primitive):
             goal = ex.xy(p["to"])
             cube = ex.see(role)[0][:2]
             d = unit(goal - cube)
-            yaw = wrist_yaw(math.atan2(d[1], d[0]), math.pi, ex.cmd.yaw, ex.setup.home_yaw)
+            yaw = push_yaw(math.atan2(d[1], d[0]), ex.setup.home_yaw)
             behind = cube - d * (contact + 0.03)
             yield from ex.cmd.move(np.r_[behind, PUSH_Z + 0.08], yaw, grip=GRIPPER_CLOSED, speed=p["speed"])
             cube = ex.see(role)[0][:2]

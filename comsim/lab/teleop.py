@@ -18,10 +18,10 @@ import math
 from dataclasses import dataclass
 from typing import Iterator
 
-import mujoco
 import numpy as np
 
 from comsim.sim.ik import solve_ik, top_down_quat
+from comsim.sim.motion import min_jerk, nearest_symmetric, object_yaw, push_yaw, tcp_yaw, unit
 
 PUSH_Z = 0.022  # TCP height while pushing: fingertips ~1 cm above the table, mid-cube contact
 FINGER_HALF_THICKNESS = 0.0105  # closed fingers, measured along the push direction
@@ -30,20 +30,6 @@ MAX_PUSH_SPEED = 0.1  # m/s the hand may move while pushing (x the episode's spe
 MAX_ROTATION_SPEED = 2.0  # rad/s of wrist yaw
 STEER_UNTIL = 0.05  # m from the goal: steer towards it until then, then hold the direction
 MAX_PUSH_LATERAL = 0.03  # m off the pushing line: the cube has slid off the fingers
-
-
-def min_jerk(tau: float) -> float:
-    return tau**3 * (10 - 15 * tau + 6 * tau**2)
-
-
-def object_yaw(quat) -> float:
-    w, x, y, z = quat
-    return math.atan2(2 * (w * z + x * y), 1 - 2 * (y * y + z * z))
-
-
-def nearest_symmetric(angle: float, reference: float, period: float) -> float:
-    """``angle + k * period`` closest to ``reference`` (cubes repeat every 90 deg, fingers every 180)."""
-    return angle + period * round((reference - angle) / period)
 
 
 @dataclass
@@ -84,7 +70,7 @@ class ScriptedTeleoperator:
         self.dt = 1.0 / env.fps
         pos, quat = self.scene.tcp_pose()
         self.pos = pos  # commanded TCP position (before tremor)
-        self.yaw = _tcp_yaw(quat)
+        self.yaw = self.home_yaw = tcp_yaw(quat)
         self.q = self.scene.get_state()[:7].copy()
         self.grip = float(self.scene.spec.robot.init_gripper)
         self.t = 0.0
@@ -207,9 +193,10 @@ class ScriptedTeleoperator:
         first = True
         for attempt in range(3):
             cube, _ = self._see(cfg.cube)
-            d = _unit(goal - cube[:2])
-            # Fingers closed side by side across the push: a flat pusher squares the cube up.
-            yaw = nearest_symmetric(math.atan2(d[1], d[0]), self.yaw, np.pi)
+            d = unit(goal - cube[:2])
+            # Fingers closed side by side across the push: a flat pusher squares the cube up. The
+            # operator holds the hand the same way for every push (see push_yaw).
+            yaw = push_yaw(math.atan2(d[1], d[0]), self.home_yaw)
             behind = cube[:2] - d * (contact + 0.03)
             above = np.r_[behind, PUSH_Z + 0.08] + (self._aim_error() if first else 0)
             if first:
@@ -219,7 +206,7 @@ class ScriptedTeleoperator:
                 yield from self._move(above, yaw, grip=0.0, noise=0.6)
             first = False
             cube, _ = self._see(cfg.cube)
-            behind = cube[:2] - _unit(goal - cube[:2]) * (contact + 0.03)
+            behind = cube[:2] - unit(goal - cube[:2]) * (contact + 0.03)
             yield from self._move(np.r_[behind, PUSH_Z], speed=0.6, noise=0.2)
             outcome = yield from self._push_stroke(cfg.cube, goal, contact)
             miss = np.linalg.norm(self._see(cfg.cube)[0][:2] - goal)
@@ -261,15 +248,3 @@ class ScriptedTeleoperator:
             self.pos = np.r_[self.pos[:2] + step, PUSH_Z]
             yield self._command(0.0)
         return "timeout"
-
-
-def _unit(v) -> np.ndarray:
-    v = np.asarray(v, dtype=np.float64)
-    return v / max(np.linalg.norm(v), 1e-9)
-
-
-def _tcp_yaw(quat) -> float:
-    """Yaw of a top-down TCP (the angle of its x axis about world z); see ``top_down_quat``."""
-    R = np.zeros(9)
-    mujoco.mju_quat2Mat(R, np.asarray(quat, dtype=np.float64))
-    return math.atan2(R[3], R[0])

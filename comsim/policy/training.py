@@ -10,8 +10,10 @@ rate, the synthetic fraction asked for and the one actually drawn.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     cfg, t = run.model_config(), run.train
     if t.num_threads:
         torch.set_num_threads(t.num_threads)
+    keep_freed_memory()
     data = data or MixtureDataset(run.data, cfg, run.cache_dir)
     torch.manual_seed(t.seed)
     policy = make_policy(cfg, stats=data.stats())
@@ -118,6 +121,25 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     for old in out.glob("checkpoint-*"):
         shutil.rmtree(old)
     return log
+
+
+def keep_freed_memory() -> bool:
+    """Let glibc keep freed activation buffers for the next step instead of returning them to the OS.
+
+    A training step allocates and frees the same tens of MB of activations. glibc hands blocks above
+    its mmap threshold back to the kernel at once, and the next step faults them in again as fresh
+    zeroed pages (measured on the keypoint policy, 2 cores: ~100k page faults/s, a quarter of the CPU
+    in the kernel). Raising the mmap and trim thresholds (process-wide, Linux glibc only) keeps them in
+    the heap; the arithmetic is unchanged. Returns whether the thresholds were set."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc (e.g. musl)
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+    # 32 MiB is glibc's largest mmap threshold on 64-bit: blocks up to it come from the heap
+    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 def _latest_checkpoint(out: Path) -> Path | None:

@@ -57,6 +57,15 @@ def nearest_symmetric(angle: float, reference: float, period: float) -> float:
     return angle + period * round((reference - angle) / period)
 
 
+def push_yaw(direction: float, home_yaw: float) -> float:
+    """Wrist yaw of a push along ``direction`` (rad), the fingers closed side by side across it: the
+    copy in the half-turn just positive of the home yaw, the side joint 7 has room for (the Panda's
+    home posture sits at q7 = +45 deg, so the joint stays in [-135, 45] deg of its +-166). One hand
+    pose per direction: the copy nearest the current yaw would flip the wrist half a turn between
+    pushes on either side of the home yaw's normal, two ways to push one layout."""
+    return nearest_symmetric(direction, home_yaw + math.pi / 2, math.pi)
+
+
 def symmetry_period(shape: str) -> float:
     """Yaw period of a top-down grasp on an object: cubes 90 deg, cylinders any (0 = free), boxes 180."""
     return {"cube": math.pi / 2, "cylinder": 0.0}.get(shape, math.pi)
