@@ -251,15 +251,8 @@ def test_training_reduces_the_loss_and_logs_the_fraction(data, tmp_path):
     assert list((tmp_path / "cache").glob("*.npy"))  # decoded frames shared by runs
 
 
-def test_training_is_deterministic_and_resumes(data, tmp_path):
-    def run(name, steps, save_every=0):
-        return PolicyRunConfig(output_dir=str(tmp_path / name), policy=TINY, cache_dir=str(tmp_path / "cache"),
-                               data=MixtureConfig([SourceConfig(data["real"])]),
-                               train=TrainConfig(steps=steps, batch_size=4, lr=1e-3, warmup_steps=2, log_every=2,
-                                                 save_every=save_every, ema_decay=0.999))
-    train_policy(run("a", 6), progress=False)
-    # An interrupted run (checkpoint at step 4, then killed) resumes to the same weights.
-    b = run("b", 6, save_every=4)
+def _train_until_first_checkpoint(run: PolicyRunConfig) -> None:
+    """Train ``run`` and kill it (KeyboardInterrupt) right after it writes its first checkpoint."""
     from comsim.policy import training
     orig = training._save_checkpoint
 
@@ -269,9 +262,21 @@ def test_training_is_deterministic_and_resumes(data, tmp_path):
     training._save_checkpoint = save_then_die
     try:
         with pytest.raises(KeyboardInterrupt):
-            train_policy(b, progress=False)
+            train_policy(run, progress=False)
     finally:
         training._save_checkpoint = orig
+
+
+def test_training_is_deterministic_and_resumes(data, tmp_path):
+    def run(name, steps, save_every=0):
+        return PolicyRunConfig(output_dir=str(tmp_path / name), policy=TINY, cache_dir=str(tmp_path / "cache"),
+                               data=MixtureConfig([SourceConfig(data["real"])]),
+                               train=TrainConfig(steps=steps, batch_size=4, lr=1e-3, warmup_steps=2, log_every=2,
+                                                 save_every=save_every, ema_decay=0.999))
+    train_policy(run("a", 6), progress=False)
+    # An interrupted run (checkpoint at step 4, then killed) resumes to the same weights.
+    b = run("b", 6, save_every=4)
+    _train_until_first_checkpoint(b)
     assert (tmp_path / "b" / "checkpoint-4").is_dir()
     train_policy(b, progress=False)
     from safetensors.torch import load_file
@@ -541,17 +546,7 @@ def test_compiled_training_is_deterministic_resumes_and_matches_eager(data, tmp_
     assert all(torch.allclose(w["a"][k], w["eager"][k], atol=1e-3) for k in w["a"])
     # a compiled run killed after its checkpoint at step 2 resumes to the same weights as the unbroken run
     c = run("c", True, save_every=2)
-    orig = training._save_checkpoint
-
-    def save_then_die(*args, **kw):
-        orig(*args, **kw)
-        raise KeyboardInterrupt
-    training._save_checkpoint = save_then_die
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train_policy(c, progress=False)
-    finally:
-        training._save_checkpoint = orig
+    _train_until_first_checkpoint(c)
     log_c = train_policy(c, progress=False)
     wc = load_file(str(tmp_path / "c" / "policy" / "model.safetensors"))
     assert all(torch.equal(w["a"][k], wc[k]) for k in wc) and log_c["history"] == logs["a"]["history"]
