@@ -655,6 +655,60 @@ def test_experiment_runner_micro(data, tmp_path):
         load_experiment(path, ["train.stepz=3"])
 
 
+def test_arms_side_by_side_are_the_arms_one_after_the_other(data, tmp_path):
+    """arm_workers: 2 trains and scores two arms in two processes at once; each arm's weights, trials
+    and table entry are those of the same arms run one after the other in this process."""
+    from safetensors.torch import load_file
+    path = micro_experiment(data, tmp_path / "exp")
+    docs = {w: run_experiment(path, tmp_path / f"exp{w}", arms=["real", "real_pseudo"], log=lambda *_: None,
+                              progress=False, overrides=[f"arm_workers={w}", "train.num_threads=1"])
+            for w in (1, 2)}
+    for a1, a2 in zip(docs[1]["arms"], docs[2]["arms"]):
+        assert a1["name"] == a2["name"] and a1["status"] == a2["status"] == "done"
+        w1, w2 = (load_file(str(Path(a["dir"]) / "policy" / "model.safetensors")) for a in (a1, a2))
+        assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
+        assert {p: {k: v for k, v in r.items() if k != "wall_s"} for p, r in a1["panels"].items()} == \
+            {p: {k: v for k, v in r.items() if k != "wall_s"} for p, r in a2["panels"].items()}
+    with pytest.raises(ConfigError, match="arm_workers: expected >= 1"):
+        load_experiment(path, ["arm_workers=0"])
+
+
+def test_a_worker_ends_when_the_experiment_process_is_killed(tmp_path):
+    """kill -9 of the experiment leaves no worker behind to write into the folder a rerun resumes."""
+    import signal
+    import time
+    pid_file = tmp_path / "worker.pid"
+    script = (f"import os, time\nfrom comsim.policy.experiment import _pool\n"
+              f"pool = _pool(1)\nopen({str(pid_file)!r}, 'w').write(str(pool.submit(os.getpid).result()))\n"
+              "pool.submit(time.sleep, 120)\ntime.sleep(120)\n")
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
+    try:
+        deadline = time.time() + 60
+        while not (pid_file.is_file() and pid_file.read_text()) and time.time() < deadline:
+            time.sleep(0.2)
+        worker = int(pid_file.read_text())
+        os.kill(worker, 0)  # the worker is running (raises if not)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.time() + 10
+        while time.time() < deadline and _alive(worker):
+            time.sleep(0.2)
+        assert not _alive(worker), "the worker outlived the killed experiment process"
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as gone
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
 def test_gap_closed_is_the_share_of_the_oracle_gap():
     from comsim.policy.experiment import gap_closed
     cfg = load_experiment(ROOT / "configs" / "experiments" / "lab_table.yaml")

@@ -158,7 +158,11 @@ class KeypointEncoder(nn.Module):
         if self.net is not None:
             feats.append(self.pool(self.net(x)))
         if self.pixel is not None:
-            feats.append(self.pixel_pool(self.pixel(x), gain=self.pixel_log_gain.exp(),
+            # Compiled, the colour branch's 1x1 convolutions (few channels, many pixels) run faster
+            # channels-last on the CPU (a 1-thread training step 102 vs 118 ms); eagerly, slower (154 vs 144).
+            # The same function either way.
+            colour = self.pixel(x.contiguous(memory_format=torch.channels_last) if torch.compiler.is_compiling() else x)
+            feats.append(self.pixel_pool(colour, gain=self.pixel_log_gain.exp(),
                                          standardise=self.pixel_standardise))
         return torch.cat(feats, dim=-1)
 
