@@ -314,7 +314,9 @@ def _exit_with_parent(parent: int) -> None:
 # ----------------------------------------------------------------------------- running
 
 
-def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True) -> dict:
+def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True, score_apart: bool = False) -> dict:
+    """Train (or find) the arm's policy and score it on every panel. ``score_apart``: score in a fresh
+    process even with one eval worker (an arm worker renders nothing in the process that trained)."""
     from comsim.policy.data import MixtureDataset
     from comsim.policy.rollout import trial_seeds
     from comsim.policy.training import train_policy
@@ -334,7 +336,8 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
         log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
     jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1,
              str(ExperimentLayout.trial_log(out, p, trials_key(cfg, p)))) for p in todo]
-    if cfg.eval.workers > 1 and len(todo) > 1:  # one process per panel: a panel's trials do not depend on the process
+    # one process per panel (up to eval.workers): a panel's trials do not depend on the process
+    if todo and (score_apart or (cfg.eval.workers > 1 and len(todo) > 1)):
         with _pool(min(cfg.eval.workers, len(todo))) as pool:
             list(pool.map(_score_panel, jobs))
     else:
@@ -347,7 +350,9 @@ def _run_arm_in_worker(cfg: ExperimentConfig, arm: ArmConfig) -> dict:
     if cfg.train.num_threads:
         import torch
         torch.set_num_threads(cfg.train.num_threads)
-    return run_arm(cfg, arm, log=lambda msg: print(msg, flush=True), progress=False)
+    # Scored in a fresh process: one arm worker, after compiled training (glibc's thresholds raised),
+    # crashed in libc's malloc while rendering a panel in the same process (a segfault, once in 8 arms)
+    return run_arm(cfg, arm, log=lambda msg: print(msg, flush=True), progress=False, score_apart=True)
 
 
 def _panel_files(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
