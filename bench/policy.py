@@ -30,17 +30,10 @@ def main(argv=None) -> int:
     import torch
 
     from comsim.config import ConfigError
-    from comsim.policy.experiment import ensure_datasets, load_experiment, run_arm
+    from comsim.policy.experiment import arm_with_data, load_experiment, run_arm
     try:
         cfg = load_experiment(args.experiment, args.overrides)
-        arms = {a.name: a for a in cfg.all_arms()}
-        if args.arm not in arms:
-            raise ConfigError(f"--arm: no arm {args.arm!r} in {args.experiment}; arms are {sorted(arms)}")
-        arm = arms[args.arm]
-        missing = [w for w in ensure_datasets(cfg, {s.dataset for s in arm.sources if s.dataset in cfg.datasets}).values()
-                   if w]
-        if missing:
-            raise ConfigError(f"cannot run arm {args.arm!r}: {missing[0]}")
+        arm = arm_with_data(cfg, args.arm)
     except ConfigError as e:
         print(f"bench/policy.py: {e}", file=sys.stderr)
         return 2

@@ -38,23 +38,17 @@ def main(argv=None) -> int:
     from comsim.config import ConfigError
     from comsim.policy import training
     from comsim.policy.data import MixtureDataset
-    from comsim.policy.experiment import arm_run, ensure_datasets, load_experiment
+    from comsim.policy.experiment import arm_run, arm_with_data, load_experiment
     from comsim.policy.policies import make_policy
     try:
         cfg = load_experiment(args.experiment, args.overrides)
-        arms = {a.name: a for a in cfg.all_arms()}
-        if args.arm not in arms:
-            raise ConfigError(f"--arm: no arm {args.arm!r} in {args.experiment}; arms are {sorted(arms)}")
-        missing = [w for w in ensure_datasets(cfg, {s.dataset for s in arms[args.arm].sources
-                                                    if s.dataset in cfg.datasets}).values() if w]
-        if missing:
-            raise ConfigError(f"cannot run arm {args.arm!r}: {missing[0]}")
+        arm = arm_with_data(cfg, args.arm)
         if args.steps < 6:
             raise ConfigError(f"--steps: expected at least 6 (5 warm-up steps are not timed), got {args.steps}")
     except ConfigError as e:
         print(f"bench/policy_step.py: {e}", file=sys.stderr)
         return 2
-    run = arm_run(cfg, arms[args.arm])
+    run = arm_run(cfg, arm)
     t = run.train
     threads = args.threads or t.num_threads or torch.get_num_threads()
     compile = t.compile if args.compile is None else args.compile

@@ -314,6 +314,20 @@ def _exit_with_parent(parent: int) -> None:
 # ----------------------------------------------------------------------------- running
 
 
+def arm_with_data(cfg: ExperimentConfig, name: str, where: str = "--arm") -> ArmConfig:
+    """The arm called ``name``, its datasets made (built as their specs say); a ConfigError names
+    ``where`` when there is no such arm or its data cannot be made."""
+    arms = {a.name: a for a in cfg.all_arms()}
+    if name not in arms:
+        raise ConfigError(f"{where}: no arm {name!r} in the experiment {cfg.name!r}; arms are {sorted(arms)}")
+    arm = arms[name]
+    missing = [w for w in ensure_datasets(cfg, {s.dataset for s in arm.sources if s.dataset in cfg.datasets}).values()
+               if w]
+    if missing:
+        raise ConfigError(f"cannot run arm {name!r}: {missing[0]}")
+    return arm
+
+
 def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = True, score_apart: bool = False) -> dict:
     """Train (or find) the arm's policy and score it on every panel. ``score_apart``: score in a fresh
     process even with one eval worker (an arm worker renders nothing in the process that trained)."""
