@@ -125,8 +125,8 @@ class ExperimentConfig:
     cache_dir: str | None = None  # decoded frames shared by arms; default <output_dir>/cache
     # processes training and scoring arms at once, each with train.num_threads torch threads and its
     # panels scored one after the other; also the processes recording missing lab datasets. On 2 CPU
-    # cores two 1-thread arms at a time finish ~25% sooner than one 2-thread arm after another (the
-    # keypoint policy's small convolutions use a second thread poorly).
+    # cores two 1-thread lab_table arms side by side took 1031 s for the pair, against ~15 min an arm
+    # one after the other with 2 threads (the keypoint policy's small convolutions use a second thread poorly).
     arm_workers: int = 1
 
     def __post_init__(self):
@@ -279,7 +279,8 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {spec.path}")
             jobs.append((cfg.task, spec.episodes, spec.path, spec.seed,
                          panel_cell(load_lab_cell(cfg.cell), cfg.task, spec.regions or {})))
-        list(_pool(min(cfg.arm_workers, len(jobs))).map(_record_lab, jobs))
+        with _pool(min(cfg.arm_workers, len(jobs))) as pool:
+            list(pool.map(_record_lab, jobs))
     for n in sorted(names):
         ensure(n)
     return {n: status[n] for n in sorted(names)}
