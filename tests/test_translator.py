@@ -22,8 +22,8 @@ from comsim.translator.guidance import compose, guided_velocity
 from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
-from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, flow_matching_loss,
-                                        load_train_config, make_pipeline, train)
+from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, fit_background_plate,
+                                        flow_matching_loss, load_train_config, make_pipeline, train)
 
 torch.set_num_threads(2)
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,6 +168,39 @@ def test_sim_residual_starts_at_the_sim_video():
     out = pipe(ep.frames["front_sim"], ep.action, w_action=0.0, w_sim=1.0, num_steps=1, seed=0)
     assert np.abs(out.astype(int) - ep.frames["front_sim"]).max() <= 1
 
+
+
+def test_background_plate_starts_at_the_real_background(tmp_path):
+    """Plates fit on the training pairs: where a held-out sim frame shows the twin's backdrop, a fresh plate
+    model (zero-initialised output) predicts the REAL backdrop, much closer to the real frame than the sim
+    render is; on the arm and the box it keeps the sim render. Training fits the plates and saves them with
+    the weights."""
+    cfg = micro_cfg(tmp_path / "run", "model.prediction_type=sample", "model.sim_residual=true",
+                    "model.background_plate=true", "train.max_steps=2")
+    train_ds, val_ds = build_datasets(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, PixelCodec(), 8).eval()
+    share = fit_background_plate(model, train_ds, PixelCodec(), cfg.model.plate_frames)
+    assert 0.3 < share < 0.95  # the arm and the box cover the rest
+    item = val_ds[0]
+    real, sim = item["target"][None], item["sim"][None]
+    ones = torch.ones(1, dtype=torch.bool)
+    with torch.no_grad():
+        x0 = model(torch.randn_like(real), torch.tensor([500.0]), item["actions"][None], sim, ones, ones)
+    backdrop = (sim - model.plate_sim[None, :, None]).abs().sum(1, keepdim=True) < cfg.model.plate_tolerance
+    assert backdrop.float().mean() > 0.3
+    err_sim = ((sim - real) ** 2)[backdrop.expand_as(sim)].mean()
+    err_plate = ((x0 - real) ** 2)[backdrop.expand_as(sim)].mean()
+    assert err_plate < 0.3 * err_sim, (err_plate, err_sim)
+    assert torch.equal(x0[~backdrop.expand_as(sim)], sim[~backdrop.expand_as(sim)])
+
+    loaded = TranslatorPipeline.from_pretrained(train(cfg)).transformer
+    torch.testing.assert_close(loaded.plate_real, model.plate_real)
+    torch.testing.assert_close(loaded.plate_sim, model.plate_sim)
+    with pytest.raises(ValueError, match="background_plate needs sim_residual=True"):
+        CompositionalVideoDiT(prediction_type="sample", background_plate=True)
+    with pytest.raises(ValueError, match="runs at its own resolution"):
+        model(torch.zeros(1, 3, 4, 8, 8), torch.tensor([500.0]), item["actions"][None], torch.zeros(1, 3, 4, 8, 8))
 
 # -- data and codecs ---------------------------------------------------------------------------
 def test_synthetic_pairs_and_action_consistency():

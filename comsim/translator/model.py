@@ -157,6 +157,15 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             the sim latents plus the network's output: the twin already draws the scene where it
             is, so the network starts at the raw sim render and learns only what the real camera
             adds. A sample without sim predicts x0 outright.
+        background_plate: with ``sim_residual``, where the sim render shows the static background
+            (within ``plate_tolerance`` of the twin's background plate, summed over latent channels)
+            the residual starts from the REAL background plate instead: the camera and the cell do not
+            move, so the real table's grain, the wall and the lighting are one fixed image, fit once
+            on the training pairs (``fit_background_plate``). Patches of 16x16 px cannot draw that
+            texture; a full-resolution plate does. The arm, the objects and anything the plate
+            does not cover keep the sim render as their start.
+        plate_tolerance: how far (latent units, summed over channels) a sim pixel may be from the twin's
+            plate and still count as background: 0.38 is 48 of 255 grey levels in pixel space.
         patch_bottleneck: > 0: the patch embedding goes through this many values first (JiT's
             bottleneck for large pixel patches, e.g. 16x16 at 128x128).
         refine_channels: > 0: a small per-frame conv head at full resolution adds detail to the
@@ -187,6 +196,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         sim_residual: bool = False,
         patch_bottleneck: int = 0,
         refine_channels: int = 0,
+        background_plate: bool = False,
+        plate_tolerance: float = 0.38,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -194,6 +205,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         if sim_residual and (prediction_type != "sample" or sim_channels < in_channels):
             raise ValueError("sim_residual needs prediction_type='sample' and sim latents in the first "
                              f"in_channels={in_channels} sim channels (got {prediction_type!r}, {sim_channels})")
+        if background_plate and not sim_residual:
+            raise ValueError("background_plate needs sim_residual=True: the plate replaces the sim render as the "
+                             "residual's start where the sim shows the background")
         pt, ph, pw = patch_size
         if dim % heads or (dim // heads) % 2 or dim // heads < 8:
             raise ValueError(f"dim={dim} must split into {heads} heads of an even size >= 8")
@@ -236,7 +250,45 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                                         nn.Conv2d(refine_channels, in_channels, 3, padding=1))
             nn.init.zeros_(self.refine[-1].weight)
             nn.init.zeros_(self.refine[-1].bias)
+        if background_plate:
+            # (C, H, W) latents, saved with the weights; zeros until fit_background_plate
+            self.register_buffer("plate_sim", torch.zeros(in_channels, *sample_size))
+            self.register_buffer("plate_real", torch.zeros(in_channels, *sample_size))
         self._rope_cache: dict = {}
+
+    @torch.no_grad()
+    def fit_background_plate(self, real_latents: torch.Tensor, sim_latents: torch.Tensor) -> float:
+        """Set the two plates from training frames ``(N, C, H, W)``: the twin's is the per-pixel median of
+        the sim frames (the arm covers any pixel in fewer than half of them); the real one the per-pixel
+        median of the real frames where the sim frame shows that background. A pixel the arm always
+        covers keeps the twin's plate, so there the residual starts from the sim render as without a
+        plate. Returns the fraction of (frame, pixel) pairs counted as background."""
+        if not self.config.background_plate:
+            raise ValueError("fit_background_plate: this model has background_plate=False")
+        C, H, W = self.plate_sim.shape
+        if real_latents.shape[1:] != (C, H, W) or sim_latents.shape != real_latents.shape:
+            raise ValueError(f"fit_background_plate: real and sim latents must both be (N, {C}, {H}, {W}), got "
+                             f"{tuple(real_latents.shape)} and {tuple(sim_latents.shape)}")
+        real, sim = real_latents.float().cpu(), sim_latents.float().cpu()
+        plate_sim = sim.median(dim=0).values
+        background = (sim - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance  # (N, 1, H, W)
+        plate_real = real.masked_fill(~background, float("nan")).nanmedian(dim=0).values
+        plate_real = torch.where(plate_real.isnan(), plate_sim, plate_real)
+        self.plate_sim.copy_(plate_sim)
+        self.plate_real.copy_(plate_real)
+        return float(background.float().mean())
+
+    def residual_start(self, sim_latents: torch.Tensor) -> torch.Tensor:
+        """What the x0 prediction adds the network's output to: the sim latents ``(B, C, T, H, W)``, or with
+        the background plate, the real plate wherever the sim shows the background."""
+        if not self.config.background_plate:
+            return sim_latents
+        if tuple(sim_latents.shape[-2:]) != tuple(self.plate_sim.shape[-2:]):
+            raise ValueError(f"background_plate: the plate is {tuple(self.plate_sim.shape[-2:])} latent pixels, the sim "
+                             f"latents are {tuple(sim_latents.shape[-2:])}: a plate model runs at its own resolution")
+        plate_sim = self.plate_sim.to(sim_latents)[None, :, None]
+        background = (sim_latents - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance
+        return torch.where(background, self.plate_real.to(sim_latents)[None, :, None], sim_latents)
 
     # -- helpers ---------------------------------------------------------------------------
     def expected_action_frames(self, latent_frames: int) -> int:
@@ -322,5 +374,5 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             frames = rearrange(frames, "b c t h w -> (b t) c h w")
             x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
-            x = x + (sim_latents[:, :C] * sk).to(x.dtype)
+            x = x + (self.residual_start(sim_latents[:, :C]) * sk).to(x.dtype)
         return x

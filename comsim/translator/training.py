@@ -50,6 +50,9 @@ class ModelConfig:
     sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
     patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
     refine_channels: int = 0  # > 0: full-resolution conv head over (patch output, noisy input, sim)
+    background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
+    plate_tolerance: float = 0.38  # latent units summed over channels (0.38: 48 grey levels in pixel space)
+    plate_frames: int = 512  # training frames the plates are fit on (evenly spread)
     gradient_checkpointing: bool = False
 
 
@@ -268,10 +271,30 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
-        sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels)
+        sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
+        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
+
+
+@torch.no_grad()
+def fit_background_plate(model: CompositionalVideoDiT, train_ds: PairedWindowDataset, codec, max_frames: int,
+                         device="cpu") -> float:
+    """Fit the model's background plates on up to ``max_frames`` training frames: the first frames of
+    non-overlapping windows, evenly spread over the training episodes (deterministic)."""
+    T = train_ds.num_frames
+    windows = [i for i, (_, _, t) in enumerate(train_ds.index) if t % T == 0]
+    windows = windows[::max(1, -(-len(windows) * T // max_frames))]
+    C = model.config.in_channels
+    real, sim = [], []
+    for i in windows:
+        item = train_ds[i]
+        z_real = codec.encode(item["target"][None].to(device))
+        z_sim = encode_condition(codec, item["sim"][None].to(device))[:, :C]
+        real.append(z_real.transpose(1, 2).flatten(0, 1))  # (B, C, T, h, w) -> (B*T, C, h, w)
+        sim.append(z_sim.transpose(1, 2).flatten(0, 1))
+    return model.fit_background_plate(torch.cat(real), torch.cat(sim))
 
 
 def build_scheduler(cfg: TranslatorConfig):
@@ -357,6 +380,9 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
     train_ds, val_ds = build_datasets(cfg, sources)
     normalizer = train_ds.normalizer
     model = build_model(cfg, codec, normalizer.dim)
+    if cfg.model.background_plate and checkpoint is None:  # a resumed run loads its plates with the weights
+        share = fit_background_plate(model, train_ds, codec, cfg.model.plate_frames, dev)
+        accelerator.print(f"background plate: fit on the training pairs, {share:.0%} of their pixels are background")
     fps = float(getattr(train_ds.sources[0], "fps", 10.0))
     cfg_json = json.loads(json.dumps(to_dict(cfg)))
     if accelerator.is_main_process:
