@@ -193,6 +193,9 @@ def test_background_plate_starts_at_the_real_background(tmp_path):
     err_plate = ((x0 - real) ** 2)[backdrop.expand_as(sim)].mean()
     assert err_plate < 0.3 * err_sim, (err_plate, err_sim)
     assert torch.equal(x0[~backdrop.expand_as(sim)], sim[~backdrop.expand_as(sim)])
+    with torch.no_grad():  # without the sim: the plate everywhere, so guidance never amplifies its texture
+        x0_no_sim = model(torch.randn_like(real), torch.tensor([500.0]), item["actions"][None], sim, ones, ~ones)
+    torch.testing.assert_close(x0_no_sim, model.plate_real[None, :, None].expand_as(x0_no_sim))
 
     loaded = TranslatorPipeline.from_pretrained(train(cfg)).transformer
     torch.testing.assert_close(loaded.plate_real, model.plate_real)

@@ -163,7 +163,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             move, so the real table's grain, the wall and the lighting are one fixed image, fit once
             on the training pairs (``fit_background_plate``). Patches of 16x16 px cannot draw that
             texture; a full-resolution plate does. The arm, the objects and anything the plate
-            does not cover keep the sim render as their start.
+            does not cover keep the sim render as their start. A sample without sim starts from the
+            plate everywhere, so the guided branches share the same background texture and the guidance
+            does not amplify it.
         plate_tolerance: how far (latent units, summed over channels) a sim pixel may be from the twin's
             plate and still count as background: 0.38 is 48 of 255 grey levels in pixel space.
         patch_bottleneck: > 0: the patch embedding goes through this many values first (JiT's
@@ -374,5 +376,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             frames = rearrange(frames, "b c t h w -> (b t) c h w")
             x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
-            x = x + (self.residual_start(sim_latents[:, :C]) * sk).to(x.dtype)
+            start = self.residual_start(sim_latents[:, :C]) * sk
+            if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
+                start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
+            x = x + start.to(x.dtype)
         return x
