@@ -187,7 +187,7 @@ def test_background_plate_starts_at_the_real_background(tmp_path):
     ones = torch.ones(1, dtype=torch.bool)
     with torch.no_grad():
         x0 = model(torch.randn_like(real), torch.tensor([500.0]), item["actions"][None], sim, ones, ones)
-    backdrop = (sim - model.plate_sim[None, :, None]).abs().sum(1, keepdim=True) < cfg.model.plate_tolerance
+    backdrop = model.shows_backdrop(sim)
     assert backdrop.float().mean() > 0.3
     err_sim = ((sim - real) ** 2)[backdrop.expand_as(sim)].mean()
     err_plate = ((x0 - real) ** 2)[backdrop.expand_as(sim)].mean()

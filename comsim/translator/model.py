@@ -156,7 +156,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         sim_residual: with ``sample``, the x0 prediction of a sample whose sim video is given is
             the sim latents plus the network's output: the twin already draws the scene where it
             is, so the network starts at the raw sim render and learns only what the real camera
-            adds. A sample without sim predicts x0 outright.
+            adds. A sample without sim predicts x0 outright (from the plate, with ``background_plate``).
         background_plate: with ``sim_residual``, where the sim render shows the static background
             (within ``plate_tolerance`` of the twin's background plate, summed over latent channels)
             the residual starts from the REAL background plate instead: the camera and the cell do not
@@ -273,12 +273,17 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                              f"{tuple(real_latents.shape)} and {tuple(sim_latents.shape)}")
         real, sim = real_latents.float().cpu(), sim_latents.float().cpu()
         plate_sim = sim.median(dim=0).values
-        background = (sim - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance  # (N, 1, H, W)
+        self.plate_sim.copy_(plate_sim)
+        background = self.shows_backdrop(sim)  # (N, 1, H, W)
         plate_real = real.masked_fill(~background, float("nan")).nanmedian(dim=0).values
         plate_real = torch.where(plate_real.isnan(), plate_sim, plate_real)
-        self.plate_sim.copy_(plate_sim)
         self.plate_real.copy_(plate_real)
         return float(background.float().mean())
+
+    def shows_backdrop(self, sim_latents: torch.Tensor) -> torch.Tensor:
+        """True where sim latents ``(N, C, ...)`` are within ``plate_tolerance`` of the twin's plate (dim 1 kept)."""
+        plate_sim = self.plate_sim.to(sim_latents).view(1, -1, *([1] * (sim_latents.dim() - 4)), *self.plate_sim.shape[1:])
+        return (sim_latents - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance
 
     def residual_start(self, sim_latents: torch.Tensor) -> torch.Tensor:
         """What the x0 prediction adds the network's output to: the sim latents ``(B, C, T, H, W)``, or with
@@ -288,9 +293,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         if tuple(sim_latents.shape[-2:]) != tuple(self.plate_sim.shape[-2:]):
             raise ValueError(f"background_plate: the plate is {tuple(self.plate_sim.shape[-2:])} latent pixels, the sim "
                              f"latents are {tuple(sim_latents.shape[-2:])}: a plate model runs at its own resolution")
-        plate_sim = self.plate_sim.to(sim_latents)[None, :, None]
-        background = (sim_latents - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance
-        return torch.where(background, self.plate_real.to(sim_latents)[None, :, None], sim_latents)
+        return torch.where(self.shows_backdrop(sim_latents), self.plate_real.to(sim_latents)[None, :, None], sim_latents)
 
     # -- helpers ---------------------------------------------------------------------------
     def expected_action_frames(self, latent_frames: int) -> int:

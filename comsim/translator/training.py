@@ -281,8 +281,8 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
 @torch.no_grad()
 def fit_background_plate(model: CompositionalVideoDiT, train_ds: PairedWindowDataset, codec, max_frames: int,
                          device="cpu") -> float:
-    """Fit the model's background plates on up to ``max_frames`` training frames: the first frames of
-    non-overlapping windows, evenly spread over the training episodes (deterministic)."""
+    """Fit the model's background plates on about ``max_frames`` training frames: every frame of evenly spaced
+    non-overlapping windows of the training episodes (deterministic)."""
     T = train_ds.num_frames
     windows = [i for i, (_, _, t) in enumerate(train_ds.index) if t % T == 0]
     windows = windows[::max(1, -(-len(windows) * T // max_frames))]
