@@ -1,7 +1,7 @@
 """A translator variant scored the way `make lab-table`'s demo stages score the run's own translator.
 
 Trains the run's translator config again with dotted overrides on the run's own lab pairs, converts the run's
-factory episodes (id and ood), and scores held-out pairs and object fidelity like the demo's video-metrics stage,
+factory episodes (id and ood; made in OUT with `make demo`'s counts and seeds when the run has none), and scores held-out pairs and object fidelity like the demo's video-metrics stage,
 into OUT (resumable: each part is skipped when its output is there). The last line is one JSON object.
 
     MUJOCO_GL=egl OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/translator_variant.py runs/lab_table \\
@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import replace
 
-from comsim.demo import PROFILES, _convert, _metrics, _translator
+from comsim.demo import PROFILES, _convert, _generate, _metrics, _translator
 from comsim.run_layout import RunLayout
 
 
@@ -27,8 +27,10 @@ def main():
     out.root.mkdir(parents=True, exist_ok=True)
     for part in ("paired", "sim", "sim_ood"):  # the run's inputs, linked, never copied or changed
         link = getattr(out, part)
-        if not link.exists():
+        if not link.exists() and getattr(base, part).exists():
             os.symlink(getattr(base, part).resolve(), link)
+    # a lab_table run makes no demo-scale factory episodes: made here as `make demo` makes them (same seeds)
+    _generate(out.sim, out.sim_ood, PROFILES["small"], out.paired / "twin_aligned.yaml")
     profile = replace(PROFILES["lab_table"], translator_overrides=tuple(a.overrides))
     t = time.time()
     model_dir = _translator(out.paired, out.translator, profile)

@@ -24,6 +24,7 @@ from comsim.io.lerobot import write_dataset
 from comsim.io.video import write_video
 from comsim.report import Report
 from comsim.report.run import build_report
+from comsim.run_layout import CONVERT, FACTORY
 from comsim.twin.overlay import write_overlay
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -297,6 +298,21 @@ def test_report_missing_parts_and_missing_dir(tmp_path, capsys):
     assert "run folder not found" in capsys.readouterr().err
     assert cli_main(["report", str(run)]) == 0
     assert capsys.readouterr().out.strip() == str((run / "report.html").resolve())
+
+
+def test_report_names_the_stages_a_profile_leaves_out(tmp_path):
+    """`comsim demo --profile lab_table` makes no demo-scale factory episodes: the stage table and the
+    convert section say so, instead of "not run"."""
+    run = tmp_path / "run"
+    run.mkdir()
+    why = "the policy experiment generates and converts its own sim episodes (under policy/data/)"
+    _write_json(run / "stages.json", {"profile": "lab_table", "timings": {}, "failures": {},
+                                      "left_out": {FACTORY: why, CONVERT: why}})
+    page = html.unescape(build_report(run).read_text())
+    stages = _section(page, "Stages")
+    assert stages.count("not in this profile: " + why) == 2
+    assert "not in this profile: " + why in _section(page, "Convert")
+    assert "no pseudo_real/" not in _section(page, "Convert")
 
 
 def test_report_says_why_a_part_is_missing(tmp_path):

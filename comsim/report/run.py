@@ -50,7 +50,8 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
         timings, failures = {}, {}
 
     rep.heading("Stages")
-    rep.table(_stage_rows(run, timings, failures), cls="stages")
+    left_out = stages.get("left_out") if isinstance(stages.get("left_out"), dict) else {}
+    rep.table(_stage_rows(run, timings, failures, left_out), cls="stages")
     problems = [{"stage": k, "reason": v} for k, v in failures.items()]
     if problems:
         rep.heading("Failed or skipped stages")
@@ -60,7 +61,7 @@ def build_report(run_dir: str | Path, title: str | None = None, max_episodes: in
     if not _section(rep, _videos, run, max_episodes):
         rep.absent("not run: no held-out, factory, paired or lab episodes in this run folder.")
     for heading, fn, args in (("Twin alignment", twin_section, ()), ("Translator training", translator_section, ()),
-                              ("Convert", _convert, (timings,)), ("Video metrics", _metrics, ()),
+                              ("Convert", _convert, (timings, left_out.get(CONVERT))), ("Video metrics", _metrics, ()),
                               ("Policy experiment", policy_section, ())):
         rep.heading(heading)
         _section(rep, fn, run, *args)
@@ -82,8 +83,9 @@ def _section(rep: Report, fn, *args):
 
 
 # -- stages -------------------------------------------------------------------------------------
-def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
-    rows, layout = [], RunLayout(run)
+def _stage_rows(run: Path, timings: dict, failures: dict, left_out: dict | None = None) -> list[dict]:
+    """One row per pipeline stage; ``left_out``: stages the run's profile does not run, with why."""
+    rows, layout, left_out = [], RunLayout(run), left_out or {}
     for stage in STAGES:
         name, rel, kind, path = stage.name, stage.output, stage.kind, layout.output(stage.name)
         if name in failures:
@@ -98,6 +100,8 @@ def _stage_rows(run: Path, timings: dict, failures: dict) -> list[dict]:
             status = "done"
         elif name == POLICY and (run / "results.json").is_file():
             status, rel = "done", "results.json"
+        elif name in left_out:
+            status = f"not in this profile: {left_out[name]}"
         else:
             status = "not run"
         rows.append({"stage": name, "output": rel, "status": status, "time": fmt_seconds(timings.get(name))})
@@ -246,13 +250,14 @@ def _object_fidelity(rep: Report, doc) -> None:
 
 
 # -- convert ------------------------------------------------------------------------------------
-def _convert(rep: Report, run: Path, timings: dict) -> None:
+def _convert(rep: Report, run: Path, timings: dict, left_out: str | None = None) -> None:
     """Episodes, frames, frames/s and the guidance of ``comsim convert`` (pseudo_real/conversion.json)."""
     out = RunLayout(run).pseudo_real
     header = read_json(out / HEADER_FILE)
     ds = _open(out)
     if header is None and ds is None:
-        rep.absent("not run: no pseudo_real/ (written by `comsim convert`) in this run folder")
+        rep.absent(f"not in this profile: {left_out}" if left_out else
+                   "not run: no pseudo_real/ (written by `comsim convert`) in this run folder")
         return
     if header is None:
         rep.absent(f"guidance not recorded: {out / HEADER_FILE} is missing (not written by `comsim convert`?)")
