@@ -5,6 +5,10 @@ camera with shadows on (2 shadow-casting lights, 1024 shadow map) at 128x128. Th
 time, as in a replay. Prints ONE JSON object as its last line.
 
     MUJOCO_GL=egl python bench/render.py [--frames 300] [--config configs/twin/panda_cell.yaml]
+
+llvmpipe starts one render thread per core unless LP_NUM_THREADS says otherwise (the factory's workers set 1):
+`LP_NUM_THREADS=1 python bench/render.py` measures one thread; two copies started together (`... & ... & wait`)
+measure a process per core. The JSON names the thread count it ran with (null: llvmpipe's default).
 """
 from __future__ import annotations
 
@@ -82,6 +86,7 @@ def main(argv=None) -> dict:
     for case in CASES:
         results.update({k: round(v, 1) for k, v in case(args.config, args.frames).items()})
     results["cpu_count"] = os.cpu_count()
+    results["llvmpipe_threads"] = os.environ.get("LP_NUM_THREADS")
     print(json.dumps(results))
     return results
 

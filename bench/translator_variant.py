@@ -1,8 +1,9 @@
 """A translator variant scored the way `make lab-table`'s demo stages score the run's own translator.
 
 Trains the run's translator config again with dotted overrides on the run's own lab pairs, converts the run's
-factory episodes (id and ood; made in OUT with `make demo`'s counts and seeds when the run has none), and scores held-out pairs and object fidelity like the demo's video-metrics stage,
-into OUT (resumable: each part is skipped when its output is there). The last line is one JSON object.
+factory episodes (id and ood; made in OUT with `make demo`'s counts and seeds when the run has none), and scores
+held-out pairs and object fidelity like the demo's video-metrics stage, into OUT (resumable: each part is skipped
+when its output is there). The last line is one JSON object.
 
     MUJOCO_GL=egl OMP_WAIT_POLICY=PASSIVE .venv/bin/python bench/translator_variant.py runs/lab_table \\
         runs/plate model.background_plate=true

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import shutil
 import tempfile
 import time
@@ -89,6 +90,12 @@ def _work(args) -> dict:
             "attempts": 1 + len(extra["discarded_attempts"]), "frames": len(result.episode)}
 
 
+def _init_worker():
+    # llvmpipe (software OpenGL) starts one render thread per core in every process; with one
+    # worker per core they would fight. Must be set before the first GL context.
+    os.environ.setdefault("LP_NUM_THREADS", "1")
+
+
 def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int = 8):
     """Load a task and vet ``layouts`` of its episodes with IK: a task whose regions or targets are
     out of reach fails here (ProgramError naming the line), before anything is written."""
@@ -124,6 +131,7 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
         raise InputError(None, "controls", f"some of {list(CONTROLS)}", bad)
+    _init_worker()
     out = check_output_path(out)
     claim_output(out, HEADER_FILE, None, (), "comsim generate")  # a foreign folder is refused before any work
     with tempfile.TemporaryDirectory() as tmp:
@@ -169,7 +177,7 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
         results = map(_work, jobs)
         pool = None
     else:
-        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
+        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker)
         results = pool.imap_unordered(_work, jobs)
     try:
         for r in results:

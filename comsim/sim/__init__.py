@@ -14,13 +14,6 @@ import os
 if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-# llvmpipe (Mesa's software OpenGL, what EGL renders with on a machine without a GPU) starts one
-# rasteriser thread per core in every process. At 128x128 one thread is faster, alone and with a
-# process per core: the lab camera's frame (Panda meshes, a 512 shadow map) took 38 ms against 46 ms
-# alone and 40 against 48 ms with two processes side by side on 2 cores; the pixels are the same.
-# Read when the first GL context is made, so it is set here, before any renderer exists.
-os.environ.setdefault("LP_NUM_THREADS", "1")
-
 
 def _load_triton_before_gl() -> None:
     # Triton's own LLVM (libtriton.so) and Mesa's (llvmpipe, the EGL renderer here) clash:
