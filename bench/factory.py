@@ -6,7 +6,8 @@ Measures, on this machine:
 - conversion: frames/s of `convert_dataset` (1 and ``--convert-workers`` processes) with the lab
   translator's architecture (``--translator``, default configs/translator/tiny_lab.yaml: pixel space,
   16x16 patches, 8 frames of 128x128) and its own sampling (8 steps, w_action 1, w_sim 1.5: the composed
-  guidance evaluates all three branches), and the minutes that 200 episodes of 100 frames would take.
+  guidance evaluates all three branches), and the minutes that 200 episodes of 100 frames would take;
+  ``--precision bf16`` converts under autocast;
   The model is RANDOMLY INITIALIZED unless ``--model`` names a trained one: timing only;
 - linearity: the time to translate one episode of L frames and one of 4L frames (a warm model,
   in-process, best of `--repeats`, alternating), and their ratio in wall and in CPU time. The
@@ -98,7 +99,7 @@ def _subset(sim: Path, n: int, out: Path) -> Path:
 
 
 def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin_steps: int, repeats: int,
-                     config: Path, model: Path | None, workers: int) -> dict:
+                     config: Path, model: Path | None, workers: int, precision: str = "fp32") -> dict:
     import torch
 
     from comsim.convert import convert_dataset, convert_episode
@@ -110,10 +111,11 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
     own = sampling_defaults(model)
     steps = steps or own["num_steps"]
     small = _subset(sim, episodes, tmp / "sim_subset")
-    args = dict(w_action=own["w_action"], w_sim=own["w_sim"], steps=steps, strength=1.0, seed=0)
+    args = dict(w_action=own["w_action"], w_sim=own["w_sim"], steps=steps, strength=1.0, seed=0, precision=precision)
     meta = TranslatorPipeline.from_pretrained(model).info()
     out = {"translator": str(model) if model != tmp / "tiny" else f"{config}, random init (timing only)",
            "resolution": meta["resolution"], "steps": steps, "w_action": args["w_action"], "w_sim": args["w_sim"],
+           "precision": precision,
            "load": load()}
     for n in sorted({1, workers}):
         rep = convert_dataset(model, small, tmp / f"pseudo-{n}", progress=False, workers=n, **args)
@@ -184,6 +186,7 @@ def main() -> None:
                     help="translator config whose (randomly initialized) model is timed")
     ap.add_argument("--model", type=Path, default=None, help="a trained translator folder instead")
     ap.add_argument("--convert-workers", type=int, default=2)
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="conversion precision")
     ap.add_argument("--linearity-steps", type=int, default=4, help="sampling steps for the L vs 4L timing")
     ap.add_argument("--repeats", type=int, default=3, help="timings per episode length (best is kept)")
     ap.add_argument("--success", type=int, default=0, help="also measure success rates on N seeds per task/split")
@@ -206,7 +209,7 @@ def main() -> None:
         if not a.skip_speed and not a.skip_conversion:
             result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
                                                     a.linearity_steps, a.repeats, a.translator, a.model,
-                                                    a.convert_workers)
+                                                    a.convert_workers, a.precision)
             print(json.dumps(result["conversion"]), flush=True)
         if a.success:
             result["success"] = success_rates(a.success, tmp)

@@ -4,7 +4,8 @@
         --steps 100 --threads 1 [--compile] [overrides ...]
 
 Builds the arm's data and policy as training does (the same batches, seeded by step), runs
-``--steps`` optimiser steps with ``--threads`` torch threads, eagerly or compiled, and prints
+``--steps`` optimiser steps with ``--threads`` torch threads, eagerly or compiled, in float32 or
+under ``train.precision``'s autocast, and prints
 one JSON object as its last line: the median milliseconds of the whole step and of its parts
 (batch sampling, forward, backward, gradient clipping, optimiser, EMA), after 5 warm-up
 steps. Run it alone on the machine; two runs side by side measure two arms sharing it.
@@ -69,7 +70,8 @@ def main(argv=None) -> int:
         rng, gen = training.step_generators(t.seed, step)
         batch = data.sample(t.batch_size, rng)
         stamps.append(time.perf_counter())
-        loss = policy.compute_loss(batch, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.precision == "bf16"):
+            loss = policy.compute_loss(batch, gen)
         stamps.append(time.perf_counter())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -86,7 +88,7 @@ def main(argv=None) -> int:
         times["step"].append(stamps[-1] - stamps[0])
     ms = {k: round(float(np.median(v[5:])) * 1000, 1) for k, v in times.items()}
     print(json.dumps({"bench": "policy_step", "experiment": cfg.name, "arm": args.arm, "threads": threads,
-                      "compile": compile, "batch_size": t.batch_size, "steps": args.steps,
+                      "compile": compile, "precision": t.precision, "batch_size": t.batch_size, "steps": args.steps,
                       "step_ms": ms.pop("step"), "parts_ms": ms}))
     return 0
 

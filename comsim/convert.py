@@ -46,7 +46,7 @@ from comsim.io.paths import check_output_path, claim_output, is_inside, safe_nam
 HEADER_FILE = "conversion.json"
 REPORT_FILE = "conversion_report.json"  # the closing run's timing: frames, seconds, frames/s
 RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "overlap",
-               "seed")
+               "precision", "seed")
 
 _WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
 
@@ -154,10 +154,10 @@ def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
 def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, source: str) -> Episode:
     """Episode ``index`` of the sim dataset ``source`` -> its pseudo-real version
     (``TranslatorPipeline.translate_episode``, seeded with ``episode_seed(seed, index)``); ``guidance``
-    is the conversion header's {w_action, w_sim, steps, strength, overlap}."""
+    is the conversion header's {w_action, w_sim, steps, strength, overlap, precision}."""
     return pipe.translate_episode(ep, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
                                   num_steps=guidance["steps"], strength=guidance["strength"],
-                                  overlap=guidance["overlap"],
+                                  overlap=guidance["overlap"], precision=guidance.get("precision", "fp32"),
                                   seed=episode_seed(seed, index),
                                   extra={"source_dataset": str(source), "source_episode": int(index)})
 
@@ -189,11 +189,12 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
                     w_sim: float | None = None, steps: int | None = None, strength: float = 1.0,
                     overlap: int | None = None, seed: int = 0, workers: int = 1,
                     num_shards: int | None = None, shard_index: int | None = None, device: str | None = None,
-                    threads: int = 1, progress: bool = True) -> dict:
+                    threads: int = 1, precision: str = "fp32", progress: bool = True) -> dict:
     """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict.
 
     ``w_action``, ``w_sim``, ``steps`` and ``overlap`` (frames shared by consecutive windows) left
-    as None take the translator's own sampling settings (translator.json, from its training config)."""
+    as None take the translator's own sampling settings (translator.json, from its training config).
+    ``precision``: fp32, or bf16 (the transformer under autocast; see ``TranslatorPipeline.__call__``)."""
     model, input, output = Path(model), Path(input), Path(output)
     if (steps is not None and steps < 1) or not 0.0 < strength <= 1.0:
         raise ConversionError(f"steps must be >= 1 and strength in (0, 1], got steps={steps}, strength={strength}")
@@ -203,6 +204,8 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         raise ConversionError(f"--shard-index must be in [0, {num_shards}), got {shard_index}")
     if workers < 1 or threads < 1:
         raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
+    if precision not in ("fp32", "bf16"):
+        raise ConversionError(f"precision: expected fp32 or bf16, got {precision!r}")
     check_output_path(output, "--output")
     if is_inside(output, input) or is_inside(input, output):
         raise ConversionError(f"{output}: --output: expected a folder outside --input {input} (and not holding "
@@ -222,7 +225,7 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
                               f"got {overlap}")
     t_hash = translator_hash(model)
     guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength),
-                "overlap": None if overlap is None else int(overlap)}
+                "overlap": None if overlap is None else int(overlap), "precision": precision}
     header = {"command": "comsim convert", "model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
               "input_episodes": len(ds), **guidance, "seed": int(seed), "threads": threads}
 

@@ -229,6 +229,27 @@ def test_mismatched_inputs_are_refused_before_converting(sim_dataset, reference,
     assert not out.exists()
 
 
+def test_bf16_conversion_is_close_to_fp32_recorded_and_not_mixed_on_resume(reference, sim_dataset, micro, tmp_path):
+    out = tmp_path / "bf16"
+    report = convert_dataset(micro, sim_dataset, out, progress=False, precision="bf16", **ARGS)
+    assert report["converted_now"] == N_EPISODES
+    ref, bf = LeRobotDataset(reference), LeRobotDataset(out)
+    for i in (0, N_EPISODES - 1):
+        a, b = ref[i].frames["front"].astype(np.int32), bf[i].frames["front"].astype(np.int32)
+        assert a.shape == b.shape and not np.array_equal(a, b)  # autocast did run in bf16
+        # grey levels: the same picture (a random model whose guidance, w 1.5 and 2, weighs the unconditional
+        # branch -2.5, amplifies rounding: ~2.4 here)
+        assert np.abs(a - b).mean() < 4.0
+        assert bf[i].provenance.guidance["precision"] == "bf16"
+    assert json.loads((out / HEADER_FILE).read_text())["precision"] == "bf16"
+    # a bf16 folder is not resumed in fp32: the episodes would mix precisions
+    with pytest.raises(ConversionError, match="precision"):
+        convert_dataset(micro, sim_dataset, out, progress=False, **ARGS)
+    with pytest.raises(ConversionError, match="precision: expected fp32 or bf16, got 'fp16'"):
+        convert_dataset(micro, sim_dataset, tmp_path / "fp16", progress=False, precision="fp16", **ARGS)
+    assert not (tmp_path / "fp16").exists()
+
+
 @pytest.mark.slow
 def test_accelerate_launch_splits_episodes_over_processes(reference, sim_dataset, micro, tmp_path):
     out = tmp_path / "accel"

@@ -552,6 +552,26 @@ def test_compiled_training_is_deterministic_resumes_and_matches_eager(data, tmp_
     assert all(torch.equal(w["a"][k], wc[k]) for k in wc) and log_c["history"] == logs["a"]["history"]
 
 
+def test_bf16_training_is_deterministic_close_to_fp32_and_saves_fp32(data, tmp_path):
+    kp = {**KP, "image_size": [64, 64], "crop": [8, 4, 48, 56], "pixel_keypoints": 2}
+
+    def run(name, precision):
+        return PolicyRunConfig(output_dir=str(tmp_path / name), policy=kp, cache_dir=str(tmp_path / "cache"),
+                               data=MixtureConfig([SourceConfig(data["real"])]),
+                               train=TrainConfig(steps=4, batch_size=4, lr=1e-3, warmup_steps=1, log_every=1,
+                                                 precision=precision))
+    logs = {name: train_policy(run(name, mp), progress=False) for name, mp in (("fp32", "fp32"), ("a", "bf16"),
+                                                                               ("b", "bf16"))}
+    from safetensors.torch import load_file
+    w = {n: load_file(str(tmp_path / n / "policy" / "model.safetensors")) for n in logs}
+    assert logs["a"]["history"] == logs["b"]["history"] and all(torch.equal(w["a"][k], w["b"][k]) for k in w["a"])
+    first = {n: logs[n]["history"][0]["loss"] for n in logs}
+    assert first["a"] != first["fp32"] and first["a"] == pytest.approx(first["fp32"], rel=0.05)
+    assert all(v.dtype == torch.float32 for v in w["a"].values() if v.is_floating_point())
+    with pytest.raises(ConfigError, match="train.precision: expected fp32 or bf16, got 'fp16'"):
+        TrainConfig(precision="fp16")
+
+
 # ---------------------------------------------------------------- experiment
 
 

@@ -62,6 +62,7 @@ class DatasetSpec:
     w_sim: float | None = None
     steps: int | None = None
     overlap: int | None = None  # convert: frames shared by consecutive windows (None: the translator's own)
+    precision: str = "fp32"  # convert: fp32 | bf16 (the translator under autocast)
     workers: int = 1  # factory / convert: processes
     # lab: start regions that replace the task's own (object name -> x, y, yaw ranges), e.g.
     # a wider cube region so that the demonstrations also cover the OOD panel's layouts
@@ -70,6 +71,8 @@ class DatasetSpec:
     def __post_init__(self):
         if self.build is not None and self.build not in BUILDS:
             raise ConfigError(f"build: expected one of {BUILDS} or null, got {self.build!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ConfigError(f"precision: expected fp32 or bf16, got {self.precision!r}")
         if self.build == "convert" and not (self.input and self.translator):
             raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")
 
@@ -204,8 +207,9 @@ def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[
 def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
-    if not train["compile"]:  # an eager arm keeps the key it had before train.compile existed
-        del train["compile"]
+    for name, default in (("compile", False), ("precision", "fp32")):
+        if train[name] == default:  # an arm keeps the key it had before the field existed
+            del train[name]
     key = hash_dict({"data": to_dict(mix), "policy": policy_config(cfg.policy).to_dict(), "train": train})
     layout = ExperimentLayout(cfg.output_dir)
     return PolicyRunConfig(output_dir=str(layout.arm(arm.name, key[:8])), data=mix, policy=dict(cfg.policy),
@@ -261,7 +265,7 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
                 log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
                 convert_dataset(spec.translator, cfg.datasets[spec.input].path, path, w_action=spec.w_action,
                                 w_sim=spec.w_sim, steps=spec.steps, overlap=spec.overlap, seed=spec.seed,
-                                workers=spec.workers)
+                                workers=spec.workers, precision=spec.precision)
         else:
             why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
         status[name] = why

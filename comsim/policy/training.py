@@ -79,7 +79,8 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         rng, gen = step_generators(t.seed, step)
         batch = data.sample(t.batch_size, rng)
         try:
-            loss = policy.compute_loss(batch, gen)
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=t.precision == "bf16"):
+                loss = policy.compute_loss(batch, gen)
         except Exception as e:
             if t.compile and step == start:  # the first call compiles
                 raise RuntimeError(f"train.compile: torch.compile could not build the policy ({type(e).__name__}: "
