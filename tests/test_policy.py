@@ -543,7 +543,18 @@ def test_compiled_training_is_deterministic_resumes_and_matches_eager(data, tmp_
     from safetensors.torch import load_file
     w = {n: load_file(str(tmp_path / n / "policy" / "model.safetensors")) for n in logs}
     assert logs["a"]["history"][0]["loss"] == pytest.approx(logs["eager"]["history"][0]["loss"], rel=1e-4)
-    assert all(torch.allclose(w["a"][k], w["eager"][k], atol=1e-3) for k in w["a"])
+    # A keypoint conv's bias shifts its map by a constant, which the spatial softmax ignores: its gradient is
+    # rounding noise, and Adam turns noise into steps of ~lr whatever its size. So it is compared through what
+    # the policy computes; every other weight elementwise.
+    shift_invariant = [k for k in w["a"] if k.endswith("keypoints.bias")]
+    assert shift_invariant and all(torch.allclose(w["a"][k], w["eager"][k], atol=1e-4)
+                                   for k in w["a"] if k not in shift_invariant)
+    ep = LeRobotDataset(data["real"])[0]
+    from comsim.episode import resize_frames
+    images = torch.from_numpy(resize_frames(ep.frames["front"][:8], (64, 64))).permute(0, 3, 1, 2)[:, None]
+    state = torch.from_numpy(ep.state[:8].astype(np.float32))[:, None]
+    a_compiled, a_eager = (load_policy(tmp_path / n / "policy").sample_actions(images, state) for n in ("a", "eager"))
+    assert torch.allclose(a_compiled, a_eager, atol=1e-4)
     # a compiled run killed after its checkpoint at step 2 resumes to the same weights as the unbroken run
     c = run("c", True, save_every=2)
     _train_until_first_checkpoint(c)

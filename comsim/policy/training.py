@@ -79,7 +79,10 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         rng, gen = step_generators(t.seed, step)
         batch = data.sample(t.batch_size, rng)
         try:
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=t.precision == "bf16"):
+            if t.precision == "bf16":
+                with torch.autocast(device, dtype=torch.bfloat16):
+                    loss = policy.compute_loss(batch, gen)
+            else:
                 loss = policy.compute_loss(batch, gen)
         except Exception as e:
             if t.compile and step == start:  # the first call compiles
