@@ -139,7 +139,7 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
                        action=np.concatenate([e.action[:L] for e in parts]),
                        state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
 
-    g = {"w_action": 1.0, "w_sim": 1.0, "steps": lin_steps, "strength": 1.0}
+    g = {"w_action": 1.0, "w_sim": 1.0, "steps": lin_steps, "strength": 1.0, "overlap": None, "precision": precision}
     convert_episode(pipe, cut(eps[:1]), 0, 0, g, "bench")  # warm-up
     wall, cpu = {"L": [], "4L": []}, {"L": [], "4L": []}
     for _ in range(repeats):  # alternate, so that drifts in the machine's load hit both
