@@ -266,7 +266,7 @@ class TranslatorPipeline:
                 num_frames / (num_frames - overlap) windows.
             controls: {name: uint8 video} for a translator trained with control channels.
             precision: fp32, or bf16 (the transformer under torch.autocast: on CPUs with AMX /
-                AVX512-BF16 ~0.8 of the float32 time, frames within a few grey levels).
+                AVX512-BF16 ~0.85 of the float32 time, frames within a few grey levels).
         """
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
