@@ -11,6 +11,8 @@ import os
 import sys
 from pathlib import Path
 
+from comsim.config import PRECISIONS
+
 
 def _lab_record(a):
     from comsim.lab.record import record_dataset
@@ -216,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     cv.add_argument("--device", default=None, help="cpu | cuda | cuda:1 (default: accelerate's, else cpu)")
     cv.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads per process (fixed so results do not depend on the machine)")
-    cv.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    cv.add_argument("--precision", choices=PRECISIONS, default="fp32",
                     help="bf16: the transformer under autocast (faster on CPUs with AMX / AVX512-BF16 and on GPUs)")
     cv.add_argument("--no-progress", action="store_true")
     cv.add_argument("--allow-download", action="store_true",

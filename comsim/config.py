@@ -23,6 +23,8 @@ T = TypeVar("T")
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PANDA_CELL = CONFIGS / "twin" / "panda_cell.yaml"  # the nominal twin of the built-in lab's cell
 PANDA_PUSH_CELL = CONFIGS / "twin" / "panda_cell_push.yaml"  # ... with the push task's target sticker
+# arithmetic of policy training and translator sampling: float32, or bfloat16 under torch.autocast
+PRECISIONS = ("fp32", "bf16")
 
 
 def config_file(path: str | Path) -> Path:

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from comsim.config import PRECISIONS
 from comsim.episode import Episode, Provenance, episode_seed
 from comsim.errors import ComSimError
 from comsim.io.keys import control_key, sim_key
@@ -204,7 +205,7 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         raise ConversionError(f"--shard-index must be in [0, {num_shards}), got {shard_index}")
     if workers < 1 or threads < 1:
         raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
-    if precision not in ("fp32", "bf16"):
+    if precision not in PRECISIONS:
         raise ConversionError(f"precision: expected fp32 or bf16, got {precision!r}")
     check_output_path(output, "--output")
     if is_inside(output, input) or is_inside(input, output):

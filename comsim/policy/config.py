@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from comsim.config import ConfigError, from_dict
+from comsim.config import PRECISIONS, ConfigError, from_dict
 from comsim.lab.cell import Region
 from comsim.policy.keypoint import KeypointConfig
 from comsim.policy.model import PRESETS, DiffusionConfig, diffusion_config  # noqa: F401  (re-exported)
@@ -95,7 +95,7 @@ class TrainConfig:
     precision: str = "fp32"  # fp32 | bf16
 
     def __post_init__(self):
-        if self.precision not in ("fp32", "bf16"):
+        if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision: expected fp32 or bf16, got {self.precision!r}")
         if self.steps < 1 or self.batch_size < 1:
             raise ConfigError(f"train: steps and batch_size must be >= 1, got {self.steps}, {self.batch_size}")

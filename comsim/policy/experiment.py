@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from comsim.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from comsim.config import PRECISIONS, ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from comsim.episode import hash_dict
 from comsim.io.video import atomic_output
 from comsim.lab.cell import Region
@@ -71,7 +71,7 @@ class DatasetSpec:
     def __post_init__(self):
         if self.build is not None and self.build not in BUILDS:
             raise ConfigError(f"build: expected one of {BUILDS} or null, got {self.build!r}")
-        if self.precision not in ("fp32", "bf16"):
+        if self.precision not in PRECISIONS:
             raise ConfigError(f"precision: expected fp32 or bf16, got {self.precision!r}")
         if self.build == "convert" and not (self.input and self.translator):
             raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")

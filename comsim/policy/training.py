@@ -10,6 +10,7 @@ rate, the synthetic fraction asked for and the one actually drawn.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import shutil
@@ -79,10 +80,7 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
         rng, gen = step_generators(t.seed, step)
         batch = data.sample(t.batch_size, rng)
         try:
-            if t.precision == "bf16":
-                with torch.autocast(device, dtype=torch.bfloat16):
-                    loss = policy.compute_loss(batch, gen)
-            else:
+            with torch.autocast(device, dtype=torch.bfloat16) if t.precision == "bf16" else contextlib.nullcontext():
                 loss = policy.compute_loss(batch, gen)
         except Exception as e:
             if t.compile and step == start:  # the first call compiles

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler
 
+from comsim.config import PRECISIONS
 from comsim.episode import Episode, Provenance, resize_frames
 from comsim.errors import ComSimError
 from comsim.io.files import weights_hash
@@ -41,7 +42,6 @@ class TranslatorMismatchError(ComSimError, ValueError):
 
 
 # overlap None: half a window (default_overlap)
-PRECISIONS = ("fp32", "bf16")
 DEFAULT_SAMPLING = {"num_steps": 20, "w_action": 1.0, "w_sim": 1.0, "overlap": None}
 
 
