@@ -59,3 +59,27 @@ def test_fidelity_of_datasets_from_their_own_twin_labels(tmp_path):
     assert good["object_within"] > 0.9 and bad["object_within"] < 0.1
     with pytest.raises(ValueError, match="front_sim_seg.*--controls seg"):
         evaluate_object_fidelity(paired, model, "side")
+
+
+def test_label_video_decodes_without_phantom_objects_at_cube_edges(tmp_path):
+    """H.264 blends a red cube's edge with the black background into a brown nearest to label 9, and the
+    robot's edge into a grey: decoded, the labels are the ones drawn, and the cube keeps its edge pixels."""
+    T, size = 6, 128
+    labels = np.zeros((T, size, size), np.int32)
+    for t in range(T):
+        labels[t, 10:40, 20 + 3 * t:30 + 3 * t] = 1  # the arm
+        labels[t, 79 + t:84 + t, 57:62] = 2  # a 5-px red cube, on odd and even rows
+        labels[t, 60:65, 90 + t:95 + t] = 3  # a blue one
+    ep = Episode(frames={"front": seg_to_rgb(labels).astype(np.uint8), "front_sim_seg": seg_to_rgb(labels).astype(np.uint8)},
+                 action=np.zeros((T, 8), np.float32), state=np.zeros((T, 8), np.float32), fps=10,
+                 provenance=Provenance(source="lab", task="push", seed=0))
+    back = labels_from_palette(LeRobotDataset(write_dataset(tmp_path / "d", [ep], fps=10)).read_episode(0)
+                               .frames["front_sim_seg"])
+    assert set(np.unique(back)) == {0, 1, 2, 3}
+    for lab in (2, 3):
+        inter = ((back == lab) & (labels == lab)).sum((1, 2))
+        union = ((back == lab) | (labels == lab)).sum((1, 2))
+        assert (inter / union).min() > 0.7, lab
+        for t in range(T):
+            drawn = np.argwhere(labels[t] == lab).mean(0)
+            assert np.abs(np.argwhere(back[t] == lab).mean(0) - drawn).max() < 0.5, (lab, t)
