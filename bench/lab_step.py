@@ -9,6 +9,11 @@ the policy's ``select_action``, the physics (``Scene.step`` for one frame), the 
 render, the sensor model (lens, noise, JPEG) and the success check. Episodes restart every
 ``--episode`` frames. Prints one JSON object as its last line: median milliseconds per part,
 the frames/s of the whole loop, torch threads and llvmpipe threads (null: its default, one per core).
+
+``--look-against 0.002`` also renders every frame in a second lab whose robot meshes are drawn at that
+tolerance (``scene.robot.light_tolerance``, the same physics state copied in) and adds how far the two
+clean renders are apart: the mean |difference| in grey levels and the fraction of pixel values that differ
+by more than 16, with that render's median milliseconds.
 """
 import argparse
 import json
@@ -24,12 +29,16 @@ def main(argv=None) -> dict:
     p.add_argument("--frames", type=int, default=300)
     p.add_argument("--episode", type=int, default=100, help="frames per episode before a reset")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the experiment's lanes use 1)")
+    p.add_argument("--look-against", type=float, default=None, metavar="METRES",
+                   help="compare each render with one whose robot meshes are drawn at this light_tolerance")
     args = p.parse_args(argv)
 
+    import mujoco
     import numpy as np
     import torch
 
     from comsim.lab import LabEnv
+    from comsim.lab.cell import load_lab_cell
     from comsim.policy.experiment import load_experiment
     from comsim.policy.config import policy_config
     from comsim.policy.policies import make_policy
@@ -39,6 +48,9 @@ def main(argv=None) -> dict:
     policy = make_policy(policy_config(cfg.policy)).eval()
     parts = {k: [] for k in ("policy", "physics", "render", "sensor", "success")}
     rng = np.random.default_rng(0)
+    other, diffs, render_other = None, [], []
+    if args.look_against is not None:
+        other = LabEnv(load_lab_cell(cfg.cell, [f"scene.robot.light_tolerance={args.look_against}"]), cfg.task)
     with LabEnv(cfg.cell, cfg.task) as env:
         n, t_all = 0, 0.0
         while n < args.frames:
@@ -61,12 +73,27 @@ def main(argv=None) -> dict:
                 env.success()
                 t5 = time.perf_counter()
                 obs = {"image": image, "state": env.scene.get_state().astype(np.float32)}
+                if other is not None:
+                    src, dst = env.scene.data, other.scene.data  # same bodies and joints, other meshes
+                    dst.qpos[:], dst.qvel[:], dst.mocap_pos[:], dst.mocap_quat[:] = (
+                        src.qpos, src.qvel, src.mocap_pos, src.mocap_quat)
+                    mujoco.mj_forward(other.scene.model, dst)
+                    t6 = time.perf_counter()
+                    clean_other = other.camera.clean()
+                    render_other.append(time.perf_counter() - t6)
+                    diffs.append(np.abs(clean.astype(np.int16) - clean_other.astype(np.int16)))
                 for k, a, b in (("policy", t0, t1), ("physics", t1, t2), ("render", t2, t3), ("sensor", t3, t4),
                                 ("success", t4, t5)):
                     parts[k].append(b - a)
                 t_all += t5 - t0
                 n += 1
     out = {f"{k}_ms": round(1000 * float(np.median(v)), 2) for k, v in parts.items()}
+    if other is not None:
+        other.close()
+        d = np.stack(diffs)
+        out.update(look_against=args.look_against, look_mean_abs_diff=round(float(d.mean()), 2),
+                   look_frac_over_16=round(float((d > 16).mean()), 4),
+                   render_against_ms=round(1000 * float(np.median(render_other)), 2))
     out.update(frames=n, loop_fps=round(n / t_all, 1), torch_threads=args.threads,
                llvmpipe_threads=os.environ.get("LP_NUM_THREADS"), cpu_count=os.cpu_count())
     print(json.dumps(out))
