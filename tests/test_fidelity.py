@@ -57,6 +57,8 @@ def test_fidelity_of_datasets_from_their_own_twin_labels(tmp_path):
     good = evaluate_object_fidelity(write(tmp_path / "good", seed=3), model, "front")
     bad = evaluate_object_fidelity(write(tmp_path / "bad", seed=3, shift=5), model, "front")
     assert good["object_within"] > 0.9 and bad["object_within"] < 0.1
+    assert list(good["objects"]) == [2] and good["objects"][2]["frames"] == good["object_frames"]
+    assert bad["objects"][2]["within"] == bad["object_within"]
     with pytest.raises(ValueError, match="front_sim_seg.*--controls seg"):
         evaluate_object_fidelity(paired, model, "side")
 

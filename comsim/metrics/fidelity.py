@@ -157,13 +157,21 @@ def object_fidelity(frames: np.ndarray, labels: np.ndarray, model: FidelityModel
 
 
 def pool(results: list[dict]) -> dict:
-    """Episodes' ``object_fidelity`` results pooled over (object, frame) pairs and frames."""
+    """Episodes' ``object_fidelity`` results pooled over (object, frame) pairs and frames, and per object label."""
     frames = sum(r.get("object_frames", 0) for r in results)
     out = {"episodes": len(results), "object_frames": frames}
     if frames:
         out["object_within"] = sum(r["object_within"] * r["object_frames"] for r in results if "object_frames" in r) / frames
         out["object_error_px_median_of_episodes"] = float(np.median(
             [r["object_error_px_median"] for r in results if "object_frames" in r]))
+    per_object: dict[int, list[float]] = {}  # label -> [frames, frames within]
+    for r in results:
+        for lab, o in r.get("objects", {}).items():
+            acc = per_object.setdefault(int(lab), [0, 0.0])
+            acc[0] += o["frames"]
+            acc[1] += o["within"] * o["frames"]
+    if per_object:
+        out["objects"] = {lab: {"frames": n, "within": w / n} for lab, (n, w) in sorted(per_object.items())}
     ious = [r["robot_iou"] for r in results if "robot_iou" in r]
     if ious:
         out["robot_iou"] = float(np.mean(ious))

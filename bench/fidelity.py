@@ -1,0 +1,69 @@
+"""Object fidelity of everything a run folder holds, with the colour models its metrics stage uses.
+
+    .venv/bin/python bench/fidelity.py runs/lab_table
+
+The colour models are fit as `comsim demo`'s video-metrics stage fits them: on the real frames of the
+paired episodes the translator trained on (the held-out ones left out), at the translator's resolution.
+Then every dataset of the run with the twin's labels (``<camera>_sim_seg``) is scored
+(``comsim.metrics.fidelity.object_fidelity``), each image key it has separately:
+- the held-out pairs: ``real`` (the estimator's ceiling: the lab's frames against the twin's replay),
+  ``sim_only`` (the raw twin render: what a translator that moved nothing would score), ``pseudo``;
+- the demo's factory episodes and their conversion (in- and out-of-distribution layouts);
+- the policy experiment's datasets under ``policy/data`` (the sim episodes' renders, their conversion).
+Per part: the fraction of (object, frame) pairs within 2 px, the same per object label (2 + i: object i
+of the twin), the median error and the robot's IoU. The last line is one JSON object.
+"""
+import argparse
+import json
+from pathlib import Path
+
+from comsim.demo import _heldout_indices
+from comsim.io.keys import seg_key, sim_key
+from comsim.io.lerobot import LeRobotDataset
+from comsim.metrics.fidelity import fit_fidelity_model, labels_from_palette, object_fidelity, pool
+from comsim.run_layout import RunLayout
+
+
+def score(path: Path, image_key: str, camera: str, model) -> dict:
+    ds = LeRobotDataset(path)
+    results = []
+    for e in range(len(ds)):
+        ep = ds.read_episode(e, cameras=[image_key, seg_key(camera)])
+        frames = ep.frames[image_key]
+        results.append(object_fidelity(frames, labels_from_palette(ep.frames[seg_key(camera)], frames.shape[1:3]),
+                                       model))
+    return pool(results)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--camera", default="front")
+    a = p.parse_args()
+    run, cam = RunLayout(a.run_dir), a.camera
+    paired = LeRobotDataset(run.paired)
+    held = _heldout_indices(run.paired)
+    size = paired.read_episode(0, cameras=[cam]).frames[cam].shape[1:3]
+    model = fit_fidelity_model(paired, cam, [e for e in range(len(paired)) if e not in held], size)
+    parts = {f"heldout_{k}": run.heldout_part(k) for k in ("real", "sim_only", "pseudo")}
+    parts.update(factory_sim_id=run.sim, factory_sim_ood=run.sim_ood, factory_pseudo_real_id=run.pseudo_real,
+                 factory_pseudo_real_ood=run.pseudo_real_ood)
+    data = run.policy / "data"
+    if data.is_dir():
+        parts.update({f"policy_{d.name}": d for d in sorted(data.iterdir()) if (d / "meta").is_dir()})
+    out = {"run": str(a.run_dir), "camera": cam, "fit_episodes": len(paired) - len(held), "resolution": list(size)}
+    for name, path in parts.items():
+        if not (Path(path) / "meta").is_dir():
+            continue
+        keys = LeRobotDataset(path).camera_keys
+        if seg_key(cam) not in keys:
+            continue
+        for key in (cam, sim_key(cam)):
+            if key in keys:
+                out[f"{name}:{key}"] = score(Path(path), key, cam, model)
+                print(name, key, json.dumps(out[f"{name}:{key}"]), flush=True)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
