@@ -207,8 +207,11 @@ def _run_dir(root: Path) -> Path:
                                              ("raw_sim_vs_real", 14.2, 0.42, 190.5))}
     metrics["object_fidelity"] = {"factory_pseudo_real_ood": {"episodes": 6, "object_frames": 1386,
                                                               "object_within": 0.543, "robot_iou": 0.71,
-                                                              "object_error_px_median_of_episodes": 1.88}}
+                                                              "object_error_px_median_of_episodes": 1.88,
+                                                              "objects": {"2": {"frames": 700, "within": 0.61},
+                                                                          "3": {"frames": 686, "within": 0.475}}}}
     _write_json(run / "metrics.json", metrics)
+    (run / "paired" / "twin_aligned.yaml").write_text("objects:\n- {name: red_cube}\n- {name: blue_cube}\n")
     _policy(run)
     _write_json(run / "stages.json", {"timings": {"convert": 44.7, "twin calibrate + replay": 125.0},
                                       "failures": {"factory generate": "RuntimeError: IK failed"}})
@@ -237,6 +240,7 @@ def test_report_page_from_a_run_dir(report):
         assert s.startswith("report_media/") and (report.parent / s).is_file(), s
     assert "not available" in page  # the factory episode has no real counterpart
     assert "<td>factory_pseudo_real_ood</td>" in page and "<td>54%</td>" in page  # object fidelity table
+    assert "<th>red_cube within 2 px</th>" in page and "<td>61%</td>" in page and "<td>48%</td>" in page
     for text in ("Failed or skipped stages", "IK failed", "pseudo_real_vs_real", "24.5", "n/a: no I3D",
                  "30% [11, 60] (3/10)", "40% [17, 69] (4/10)", "does not hold", "<svg"):
         assert text in page, text

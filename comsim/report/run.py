@@ -227,10 +227,22 @@ def _metrics(rep: Report, run: Path) -> None:
               for k, v in values.items() if any(math.isfinite(x) for x in v.values())]
     if charts:
         rep.raw("<div class='row'>" + "".join(charts) + "</div>")
-    _object_fidelity(rep, doc.get("object_fidelity"))
+    _object_fidelity(rep, doc.get("object_fidelity"), _object_names(run))
 
 
-def _object_fidelity(rep: Report, doc) -> None:
+def _object_names(run: Path) -> dict[int, str]:
+    """Object label (2 + i, CONTRACTS.md) -> name, from the run's aligned twin; {} when it has none."""
+    from comsim.config import ConfigError, load_yaml
+
+    path = RunLayout(run).paired / "twin_aligned.yaml"
+    try:
+        objects = load_yaml(path).get("objects") or [] if path.is_file() else []
+        return {2 + i: str(o["name"]) for i, o in enumerate(objects)}
+    except (ConfigError, KeyError, TypeError):  # a report shows what it can: unnamed columns, not no page
+        return {}
+
+
+def _object_fidelity(rep: Report, doc, names: dict[int, str]) -> None:
     """comsim.metrics.fidelity per dataset: where the objects and the robot are drawn against the twin."""
     if not isinstance(doc, dict) or not doc:
         rep.absent("object fidelity not computed: metrics.json has no object_fidelity (comsim.metrics.fidelity)")
@@ -245,6 +257,9 @@ def _object_fidelity(rep: Report, doc) -> None:
                      "objects within 2 px": f"{100 * within:.0f}%" if isinstance(within, (int, float)) else "-",
                      "median error (px)": r.get("object_error_px_median_of_episodes", "-"),
                      "robot IoU": r.get("robot_iou", "-")})
+        for lab, o in (r.get("objects") or {}).items():
+            if isinstance(o, dict) and isinstance(o.get("within"), (int, float)):
+                rows[-1][f"{names.get(int(lab), f'object {lab}')} within 2 px"] = f"{100 * o['within']:.0f}%"
     rep.table(rows, caption="object fidelity: each object located by colour near where the twin put it, and the "
                             "robot's IoU with the twin's mask; the real lab frames are the estimator's ceiling")
 
