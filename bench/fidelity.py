@@ -5,7 +5,7 @@
 The colour models are fit as `comsim demo`'s video-metrics stage fits them: on the real frames of the
 paired episodes the translator trained on (the held-out ones left out), at the translator's resolution.
 Then every dataset of the run with the twin's labels (``<camera>_sim_seg``) is scored
-(``comsim.metrics.fidelity.object_fidelity``), each image key it has separately:
+(``comsim.metrics.fidelity.object_fidelity``), its camera's frames, or the sim render where it has none:
 - the held-out pairs: ``real`` (the estimator's ceiling: the lab's frames against the twin's replay),
   ``sim_only`` (the raw twin render: what a translator that moved nothing would score), ``pseudo``;
 - the demo's factory episodes and their conversion (in- and out-of-distribution layouts);
@@ -58,10 +58,10 @@ def main():
         keys = LeRobotDataset(path).camera_keys
         if seg_key(cam) not in keys:
             continue
-        for key in (cam, sim_key(cam)):
-            if key in keys:
-                out[f"{name}:{key}"] = score(Path(path), key, cam, model)
-                print(name, key, json.dumps(out[f"{name}:{key}"]), flush=True)
+        key = cam if cam in keys else sim_key(cam)  # a converted dataset's sim frames are its source's
+        if key in keys:
+            out[f"{name}:{key}"] = score(Path(path), key, cam, model)
+            print(name, key, json.dumps(out[f"{name}:{key}"]), flush=True)
     print(json.dumps(out))
 
 
