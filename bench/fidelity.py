@@ -12,6 +12,10 @@ Then every dataset of the run with the twin's labels (``<camera>_sim_seg``) is s
 - the policy experiment's datasets under ``policy/data`` (the sim episodes' renders, their conversion).
 Per part: the fraction of (object, frame) pairs within 2 px, the same per object label (2 + i: object i
 of the twin), the median error and the robot's IoU. The last line is one JSON object.
+
+``--decode-stats N`` adds, for the label videos of the first N paired episodes, how far each decoded pixel
+is from its nearest palette colour, per nearest label (percentiles 50/90/99): what
+``comsim.twin.camera_model.SEG_DECODE_TOLERANCE`` is chosen from.
 """
 import argparse
 import json
@@ -35,10 +39,26 @@ def score(path: Path, image_key: str, camera: str, model) -> dict:
     return pool(results)
 
 
+def decode_stats(paired, camera: str, episodes: int) -> dict:
+    """Per nearest palette label: pixels, and the percentiles of their RGB distance to that colour."""
+    import numpy as np
+
+    from comsim.twin.camera_model import SEG_PALETTE
+
+    raw = np.concatenate([paired.read_episode(e, cameras=[seg_key(camera)]).frames[seg_key(camera)]
+                          for e in range(min(episodes, len(paired)))])
+    d = np.sqrt(((raw[..., None, :].astype(np.int32) - SEG_PALETTE.astype(np.int32)) ** 2).sum(-1))
+    nearest, dist = d.argmin(-1), d.min(-1)
+    return {int(k): {"pixels": int((nearest == k).sum()),
+                     "distance_p50_p90_p99": np.percentile(dist[nearest == k], [50, 90, 99]).round(1).tolist()}
+            for k in np.unique(nearest)}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", type=Path)
     p.add_argument("--camera", default="front")
+    p.add_argument("--decode-stats", type=int, default=0, metavar="N")
     a = p.parse_args()
     run, cam = RunLayout(a.run_dir), a.camera
     paired = LeRobotDataset(run.paired)
@@ -52,6 +72,9 @@ def main():
     if data.is_dir():
         parts.update({f"policy_{d.name}": d for d in sorted(data.iterdir()) if (d / "meta").is_dir()})
     out = {"run": str(a.run_dir), "camera": cam, "fit_episodes": len(paired) - len(held), "resolution": list(size)}
+    if a.decode_stats:
+        out["decode_distance"] = decode_stats(paired, cam, a.decode_stats)
+        print("decode_distance", json.dumps(out["decode_distance"]), flush=True)
     for name, path in parts.items():
         if not (Path(path) / "meta").is_dir():
             continue
