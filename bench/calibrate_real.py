@@ -56,11 +56,10 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
     ap.add_argument("--out", type=Path, default=None, help="default: a temporary folder")
-    ap.add_argument("--time-budget", type=float, default=540.0)
     a = ap.parse_args(argv)
     out = a.out or Path(tempfile.mkdtemp(prefix="calibrate_real_"))
     t0 = time.perf_counter()
-    res = calibrate_folder(a.folder, robot="panda", out=out, time_budget_s=a.time_budget)
+    res = calibrate_folder(a.folder, robot="panda", out=out)
     seconds = time.perf_counter() - t0
     T = np.asarray(res["T_cam_from_base"])
     t1 = time.perf_counter()

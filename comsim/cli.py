@@ -25,8 +25,7 @@ def _lab_record(a):
 def _twin_calibrate(a):
     from comsim.twin.calibrate import calibrate_folder
 
-    result = calibrate_folder(Path(a.folder), robot=a.robot, out=Path(a.out), time_budget_s=a.time_budget,
-                              seed=a.seed)
+    result = calibrate_folder(Path(a.folder), robot=a.robot, out=Path(a.out), seed=a.seed)
     print(json.dumps({k: result[k] for k in ("mean_iou", "mean_iou_trusted", "per_frame_iou", "converged",
                                              "outlier_frames", "path") if k in result}))
     if not result["converged"]:
@@ -154,7 +153,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("folder", help="folder with color/, mask/, qpos/, K.txt (see docs)")
     c.add_argument("--robot", default="panda")
     c.add_argument("--out", required=True)
-    c.add_argument("--time-budget", type=float, default=540.0, help="seconds")
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_twin_calibrate)
     lp = twin.add_parser("lab-pairs", help="lab episodes replayed with the lab's true camera -> paired datasets "

@@ -83,7 +83,7 @@ def test_silhouette_calibration_recovers_pose_and_flags_swapped_joints():
     T0 = off_by(T_true, 0.05, 5.0)
     fr = CalibrationFrames(names=[f"{i:06d}" for i in range(6)], images=np.zeros((6, 128, 128, 3), np.uint8),
                            masks=masks, joints=recorded, fingers=fingers, K=K, init_T=T0)
-    res = calibrate_camera(fr, time_budget_s=120, log=lambda *a: None)
+    res = calibrate_camera(fr, log=lambda *a: None)
     d_m, d_deg = pose_error(np.asarray(res["T_cam_from_base"]), T_true)
     assert d_m < 0.005 and d_deg < 0.3, (d_m, d_deg)
     assert res["converged"]
@@ -107,7 +107,7 @@ def test_calibration_that_cannot_converge_says_so(tmp_path):
         masks.append(m)
     folder = write_folder(tmp_path / "blobs", np.zeros((3, 48, 64, 3), np.uint8), masks, arm_poses(3), K,
                           init_T=np.asarray(spec.cameras[0].T_cam_from_base))
-    res = calibrate_folder(folder, out=tmp_path / "out", time_budget_s=60, log=lambda *a: None)
+    res = calibrate_folder(folder, out=tmp_path / "out", log=lambda *a: None)
     assert not res["converged"] and "why_not_converged" in res
     assert not (tmp_path / "out" / "calibration.json").exists()
     rejected = json.loads((tmp_path / "out" / "calibration_rejected.json").read_text())
@@ -115,7 +115,7 @@ def test_calibration_that_cannot_converge_says_so(tmp_path):
 
     from comsim.cli import main
     with pytest.raises(SystemExit) as e:
-        main(["twin", "calibrate", str(folder), "--out", str(tmp_path / "cli"), "--time-budget", "30"])
+        main(["twin", "calibrate", str(folder), "--out", str(tmp_path / "cli")])
     assert e.value.code == 3
 
 
@@ -201,7 +201,7 @@ def test_intrinsics_from_checkerboard(tmp_path):
 def test_real_frames_calibration(tmp_path):
     """The genuinely real frames, from their rough initial guess: frames 0 and 1 fit; the
     frames whose joints were read at another instant (2, 4, 7 at least) are named."""
-    res = calibrate_folder(REAL, out=tmp_path, time_budget_s=120, log=lambda *a: None)
+    res = calibrate_folder(REAL, out=tmp_path, log=lambda *a: None)
     iou = res["per_frame_iou"]
     assert iou["000000"] >= 0.88 and iou["000001"] >= 0.88, iou
     assert {"000002", "000004", "000007"} <= set(res["outlier_frames"]), res["outliers"]

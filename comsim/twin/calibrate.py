@@ -84,12 +84,14 @@ def flag_frames(M: np.ndarray, trusted_hint=None) -> dict[int, dict]:
     return flags
 
 
-def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float = 540.0, seed: int = 0,
-                     init_T: np.ndarray | None = None, fine_visual: str = "full", coarse: bool = True,
-                     log=print) -> dict:
+def calibrate_camera(fr: CalibrationFrames, robot="panda", seed: int = 0, init_T: np.ndarray | None = None,
+                     fine_visual: str = "full", coarse: bool = True, own_pose: bool = True, log=print) -> dict:
     """Fit T_cam_from_base to the frames; returns the result dict (see module docstring).
 
-    ``coarse=False`` skips the global search (the start is already within ~1 cm).
+    ``coarse=False`` skips the global search (the start is already within ~1 cm);
+    ``own_pose=False`` skips the per-frame own-pose diagnostic (one refinement per frame).
+    Every stage runs a fixed number of iterations, so the pose does not depend on how fast
+    the machine is.
     """
     t_start = time.perf_counter()
 
@@ -132,19 +134,14 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float 
             trusted = new
             T, _ = refine_contour(fast, T, trusted, sizes["mid"], scale_px=2.0, outer=8)
 
-        if elapsed() < 0.6 * time_budget_s:  # the full-resolution, full-mesh polish
-            T, fine_log = refine_contour(exact, T, trusted, sizes["fine"], scale_px=1.5, outer=8)
-            final = exact
-        else:
-            fine_log, final = {"outer": [{"step_m": 1.0, "step_deg": 1.0}], "skipped": "time budget"}, fast
-        per_frame = final.per_frame(T, frames, W, H)
-        M = final.matrix(T, *sizes["mid"])
+        # the full-resolution, full-mesh polish
+        T, fine_log = refine_contour(exact, T, trusted, sizes["fine"], scale_px=1.5, outer=8)
+        per_frame = exact.per_frame(T, frames, W, H)
+        M = exact.matrix(T, *sizes["mid"])
         flags = flag_frames(M)  # final verdict at the final pose
         trusted = [i for i in frames if i not in flags] or frames
 
-        own_pose = None
-        if elapsed() < 0.8 * time_budget_s:
-            own_pose = own_pose_fits(fast, T, frames, sizes["mid"])
+        own = own_pose_fits(fast, T, frames, sizes["mid"]) if own_pose else None
         rows, cols = linear_sum_assignment(-M)
         last = fine_log["outer"][-1]
         settled = last["step_m"] < 1e-3 and last["step_deg"] < 0.1
@@ -172,11 +169,11 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", time_budget_s: float 
             "converged": converged,
             "seconds": round(elapsed(), 1),
         }
-        if own_pose is not None:
+        if own is not None:
             result["own_pose"] = {
                 "note": "each frame fitted with a camera pose of its own: the best IoU its own joints allow, "
                         "and how far that pose is from the common one",
-                **{fr.names[i]: v for i, v in own_pose.items()}}
+                **{fr.names[i]: v for i, v in own.items()}}
         if not converged:
             result["why_not_converged"] = (
                 f"trusted frames' mean IoU {trusted_iou:.3f} (needs >= {MIN_TRUSTED_IOU}), "
@@ -222,7 +219,7 @@ BACKGROUND_ROUNDS = ((16, True), (5, False), (2, False))
 
 
 def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None, seed: int = 0,
-                              fine_visual: str = "full", time_budget_s: float = 540.0, log=print) -> dict:
+                              fine_visual: str = "full", log=print) -> dict:
     """Calibration for frames without masks but with a robot-free background still.
 
     Masks are derived from the difference to the background (``masks.derive_masks`` with
@@ -256,9 +253,8 @@ def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None,
             fr_m = CalibrationFrames(names=fr.names, images=fr.images, masks=m["masks"], joints=fr.joints,
                                      fingers=fr.fingers, K=fr.K, dist=fr.dist, init_T=T, folder=fr.folder,
                                      valid=m["valid"], background=fr.background)
-            left = max(60.0, time_budget_s - (time.perf_counter() - t0))
             res = calibrate_camera(fr_m, robot=robot, coarse=coarse or T is None, fine_visual=fine_visual,
-                                   seed=seed, init_T=T, time_budget_s=left, log=log)
+                                   seed=seed, init_T=T, log=log)
             T = np.asarray(res["T_cam_from_base"])
             rounds.append({"margin_px": margin, "mean_iou": res["mean_iou"], "outliers": res["outlier_frames"]})
             log(f"[calibrate] background round {r}: mask uncertainty {margin}px, mean IoU {res['mean_iou']:.3f} "
@@ -269,8 +265,7 @@ def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None,
     return res
 
 
-def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540.0, seed: int = 0,
-                     init_T=None, log=print) -> dict:
+def calibrate_folder(folder, robot="panda", out=None, seed: int = 0, init_T=None, log=print) -> dict:
     """``comsim twin calibrate``: load, fit, write ``calibration.json`` + overlays into ``out``.
 
     ``robot``: a built-in robot name, a RobotSpec / SceneSpec, or a twin spec YAML (its robot).
@@ -290,11 +285,10 @@ def calibrate_folder(folder, robot="panda", out=None, time_budget_s: float = 540
         log("[calibrate] no init_T_cam_from_base.txt: starting from the twin spec's camera")
     if fr.background is not None:
         visual = robot.robot.visual if hasattr(robot, "robot") else "full"
-        result = calibrate_with_background(fr, robot=robot, init_T=init_T, seed=seed, fine_visual=visual,
-                                           time_budget_s=time_budget_s, log=log)
+        result = calibrate_with_background(fr, robot=robot, init_T=init_T, seed=seed, fine_visual=visual, log=log)
         fr = result.pop("frames_used")
     else:
-        result = calibrate_camera(fr, robot=robot, time_budget_s=time_budget_s, seed=seed, init_T=init_T, log=log)
+        result = calibrate_camera(fr, robot=robot, seed=seed, init_T=init_T, log=log)
     result["folder"] = str(Path(folder))
     if out is not None:
         out = Path(out)
