@@ -20,11 +20,15 @@ $(STAMP): pyproject.toml requirements-pinned.txt scripts/setup_system.sh
 	$(PIP) install -q -c requirements-pinned.txt -e '.[test]'
 	touch $(STAMP)
 
+# The tests run one torch thread each (tests/conftest.py), so one worker per core (pytest-xdist);
+# --dist loadfile keeps a file's module-scoped fixtures (recorded lab episodes, trained micro models)
+# in one worker instead of building them twice.
+TEST_WORKERS ?= 2
 test: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: setup
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m slow
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m slow
 
 demo: setup
 	$(VENV)/bin/comsim demo
