@@ -154,7 +154,8 @@ def load_config(cls: type[T], path: str | Path, overrides: list[str] | None = No
 
 
 def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply ``a.b=value`` overrides; values are parsed as YAML scalars/lists."""
+    """Apply ``a.b=value`` overrides; values are parsed as YAML scalars/lists. A number
+    after a list indexes it (``look.lights.1.castshadow=false``: the second light)."""
     import copy
 
     data = copy.deepcopy(data)
@@ -163,13 +164,22 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
             raise ConfigError(f"override {ov!r}: expected key.path=value")
         key, raw = ov.split("=", 1)
         value = yaml.safe_load(raw)
-        node = data
+        node, above = data, "the top level"
         parts = key.strip().split(".")
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {ov!r}: {p} is not a mapping")
-        node[parts[-1]] = value
+        for p, below in zip(parts, parts[1:] + [None]):
+            if isinstance(node, list):
+                if not (p.isdigit() and int(p) < len(node)):
+                    raise ConfigError(f"override {ov!r}: {p!r} is not an index of {above}, a list of {len(node)}")
+                p = int(p)
+            elif not isinstance(node, dict):
+                raise ConfigError(f"override {ov!r}: {above} is not a mapping")
+            above = p
+            if below is None:
+                node[p] = value
+            elif isinstance(node, dict):
+                node = node.setdefault(p, {})
+            else:
+                node = node[p]
     return data
 
 

@@ -164,6 +164,25 @@ def test_look_differs_from_the_twin_but_geometry_lines_up():
         assert lab_seg[v, u] == label, (name, u, v)
 
 
+def test_overrides_index_lists_and_reach_the_render():
+    """``look.lights.1.castshadow=true`` switches one light of the list; the render shows it
+    (a second shadow) and nothing else of the cell changes; a wrong index names the list."""
+    cell = load_lab_cell()
+    shadowed = load_lab_cell(None, ["look.lights.1.castshadow=true"])
+    assert [l.castshadow for l in cell.look.lights] == [True, False, False]
+    assert [l.castshadow for l in shadowed.look.lights] == [True, True, False]
+    assert shadowed.look.lights[0] == cell.look.lights[0] and shadowed.scene == cell.scene
+    images = []
+    for c in (cell, shadowed):
+        with LabEnv(c, task="push") as env:
+            env.reset(seed=2)
+            images.append(env.camera.clean().astype(int))
+    changed = np.abs(images[0] - images[1]).max(axis=-1) > 8
+    assert 0.002 < changed.mean() < 0.2, changed.mean()  # the rim light's shadow, not a new scene
+    with pytest.raises(ConfigError, match="'3' is not an index of lights, a list of 3"):
+        load_lab_cell(None, ["look.lights.3.castshadow=true"])
+
+
 # ---------------------------------------------------------------- determinism
 
 
