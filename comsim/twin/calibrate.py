@@ -85,11 +85,10 @@ def flag_frames(M: np.ndarray, trusted_hint=None) -> dict[int, dict]:
 
 
 def calibrate_camera(fr: CalibrationFrames, robot="panda", seed: int = 0, init_T: np.ndarray | None = None,
-                     fine_visual: str = "full", coarse: bool = True, own_pose: bool = True, log=print) -> dict:
+                     fine_visual: str = "full", coarse: bool = True, log=print) -> dict:
     """Fit T_cam_from_base to the frames; returns the result dict (see module docstring).
 
-    ``coarse=False`` skips the global search (the start is already within ~1 cm);
-    ``own_pose=False`` skips the per-frame own-pose diagnostic (one refinement per frame).
+    ``coarse=False`` skips the global search (the start is already within ~1 cm).
     Every stage runs a fixed number of iterations, so the pose does not depend on how fast
     the machine is.
     """
@@ -141,7 +140,7 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", seed: int = 0, init_T
         flags = flag_frames(M)  # final verdict at the final pose
         trusted = [i for i in frames if i not in flags] or frames
 
-        own = own_pose_fits(fast, T, frames, sizes["mid"]) if own_pose else None
+        own_pose = own_pose_fits(fast, T, frames, sizes["mid"])
         rows, cols = linear_sum_assignment(-M)
         last = fine_log["outer"][-1]
         settled = last["step_m"] < 1e-3 and last["step_deg"] < 0.1
@@ -169,11 +168,10 @@ def calibrate_camera(fr: CalibrationFrames, robot="panda", seed: int = 0, init_T
             "converged": converged,
             "seconds": round(elapsed(), 1),
         }
-        if own is not None:
-            result["own_pose"] = {
-                "note": "each frame fitted with a camera pose of its own: the best IoU its own joints allow, "
-                        "and how far that pose is from the common one",
-                **{fr.names[i]: v for i, v in own.items()}}
+        result["own_pose"] = {
+            "note": "each frame fitted with a camera pose of its own: the best IoU its own joints allow, "
+                    "and how far that pose is from the common one",
+            **{fr.names[i]: v for i, v in own_pose.items()}}
         if not converged:
             result["why_not_converged"] = (
                 f"trusted frames' mean IoU {trusted_iou:.3f} (needs >= {MIN_TRUSTED_IOU}), "
