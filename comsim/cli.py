@@ -41,7 +41,7 @@ def _twin_replay(a):
     channels = tuple(c for c in a.channels.split(",") if c)
     print(replay_dataset(real=Path(a.real), twin=Path(a.twin), out=Path(a.out), mode=a.mode,
                          calibration=Path(a.calibration) if a.calibration else None, camera=a.camera,
-                         channels=channels, report=not a.no_report, refine=not a.no_refine))
+                         channels=channels, report=not a.no_report, refine=not a.no_refine, workers=a.workers))
 
 
 def _twin_lab_pairs(a):
@@ -174,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-report", action="store_true", help="skip OUT/alignment_report.json")
     rp.add_argument("--no-refine", action="store_true",
                     help="physics mode: keep the first-frame object poses (skip the whole-video refinement)")
+    rp.add_argument("--workers", type=int, default=1, help="processes replaying episodes side by side")
     rp.set_defaults(func=_twin_replay)
 
     g = sub.add_parser("generate", help="scripted experts -> a LeRobotDataset of simulated episodes")

@@ -173,7 +173,8 @@ def _twin(lab_dir: Path, paired_dir: Path, summary_path: Path, p: DemoProfile) -
     from comsim.twin.replay import replay_dataset
 
     if not _done(paired_dir) or not summary_path.is_file():
-        replay_dataset(real=lab_dir, twin=config_file(p.twin), out=paired_dir, mode="physics", calibration=None)
+        replay_dataset(real=lab_dir, twin=config_file(p.twin), out=paired_dir, mode="physics", calibration=None,
+                       workers=2)
         summary = {}
         report_path = paired_dir / "alignment_report.json"
         if report_path.is_file():

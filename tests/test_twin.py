@@ -267,8 +267,9 @@ def test_replay_round_trip(lab, tmp_path, mode):
 
 def test_replay_resumes_to_the_same_bytes(lab, tmp_path):
     """An interrupted replay (episode 0 staged, never closed) continues where it stopped, and gives
-    the same files, byte for byte, as an uninterrupted run (physics mode with the whole-video
-    refinement: nothing run-dependent such as a wall time may enter the dataset)."""
+    the same files, byte for byte, as an uninterrupted run and as one with two worker processes
+    (physics mode with the whole-video refinement: nothing run-dependent such as a wall time or
+    the process may enter the dataset)."""
     from comsim.twin.replay import replay_dataset
     out, cal = tmp_path / "paired", nominal_calibration(tmp_path / "cal.json")
     replay_dataset(lab, CELL, out, mode="physics", calibration=cal, episodes=[0], close=False, report=False,
@@ -278,11 +279,13 @@ def test_replay_resumes_to_the_same_bytes(lab, tmp_path):
     assert any("episodes to replay: [1] (1 already staged)" in m for m in logs), logs
     assert len(LeRobotDataset(out)) == 2 and not (out / ".staging").exists()
     assert LeRobotDataset(out)[0].provenance.extra.get("refined_objects"), "the refinement did not run"
-    again = tmp_path / "again"
-    replay_dataset(lab, CELL, again, mode="physics", calibration=cal, report=False, log=lambda *a: None)
     files = sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file())
-    assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
-    assert [f for f in files if (out / f).read_bytes() != (again / f).read_bytes()] == []
+    # uninterrupted, and with the episodes replayed in two processes side by side: the same bytes
+    for again, workers in ((tmp_path / "again", 1), (tmp_path / "two_workers", 2)):
+        replay_dataset(lab, CELL, again, mode="physics", calibration=cal, report=False, workers=workers,
+                       log=lambda *a: None)
+        assert files == sorted(p.relative_to(again) for p in again.rglob("*") if p.is_file())
+        assert [f for f in files if (out / f).read_bytes() != (again / f).read_bytes()] == [], workers
 
 
 def test_replay_missing_video_names_the_file(lab, tmp_path):

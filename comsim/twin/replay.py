@@ -246,17 +246,21 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
                    channels=("seg",), episodes=None, report: bool = True, close: bool = True,
-                   refine: bool = True, log=print) -> Path:
+                   refine: bool = True, workers: int = 1, log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
     ``episodes``: a subset to do now; with ``close=False`` they are only staged, so that
     several processes can share the work and a last call (all episodes) joins them.
+    ``workers``: episodes replayed in that many spawned processes, handed out one at a time
+    (each episode's replay depends on nothing else: the same files for any number).
     ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
     ``refine``: in physics mode, choose each moving object's initial pose by replaying
     candidates against the whole video (``track.py``), not from the first frame alone.
     """
     if mode not in MODES:
         raise InputError(None, "mode", f"one of {MODES}", mode)
+    if workers < 1:
+        raise InputError(None, "workers", "at least 1", workers)
     real, out = Path(real), Path(out)
     if is_inside(out, real) or is_inside(real, out):
         raise InputError(out, "--out", f"a folder outside --real {real}", "the same folder or one inside the other")
@@ -287,14 +291,34 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     writer = DatasetWriter(out, ds.fps, resume=True)
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
     log(f"[replay] episodes to replay: {todo} ({len(writer.finished_episodes)} already staged)")
-    for e in tqdm(todo, desc=f"twin replay ({mode})", unit="episode"):
-        writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels, refine=refine, log=log),
-                           episode_index=e)
+    bar = tqdm(total=len(todo), desc=f"twin replay ({mode})", unit="episode")
+    if workers > 1 and len(todo) > 1:
+        import multiprocessing as mp
+        jobs = [(str(real), str(out), al, mode, tuple(channels), refine, e) for e in todo]
+        with mp.get_context("spawn").Pool(min(workers, len(todo))) as pool:
+            for _ in pool.imap_unordered(_replay_and_stage, jobs):
+                bar.update(1)
+    else:
+        for e in todo:
+            writer.add_episode(replay_episode(ds, e, al, aligned, mode, channels, refine=refine, log=log),
+                               episode_index=e)
+            bar.update(1)
+    bar.close()
     if not close:
         return out
     writer.close()
     _report(out, real, report and "seg" in channels, log)
     return out
+
+
+def _replay_and_stage(job: tuple) -> int:
+    """Worker of ``replay_dataset(workers=N)``: replay one episode and stage it in OUT."""
+    real, out, al, mode, channels, refine, e = job
+    ds = LeRobotDataset(real)
+    spec = scene_spec_from_dict(al["spec"], where=str(Path(out) / ALIGNMENT_FILE))
+    DatasetWriter(out, ds.fps, resume=True).add_episode(
+        replay_episode(ds, e, al, spec, mode, channels, refine=refine, log=print), episode_index=e)
+    return e
 
 
 def _report(out: Path, real: Path, wanted: bool, log) -> None:
