@@ -300,20 +300,10 @@ def _pool(workers: int):
     """Worker processes (spawned: no forked MuJoCo or torch state) that end with this process."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
-    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_exit_with_parent,
+
+    from comsim.workers import exit_with_parent
+    return ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=exit_with_parent,
                                initargs=(os.getpid(),))
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Worker initializer: end the worker when the experiment's process dies (kill -9 included), so
-    that a rerun never shares an arm's folder or a trial log with a leftover worker."""
-    import threading
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os._exit(1)
-    threading.Thread(target=watch, daemon=True).start()
 
 
 # ----------------------------------------------------------------------------- running

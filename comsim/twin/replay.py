@@ -294,8 +294,13 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     bar = tqdm(total=len(todo), desc=f"twin replay ({mode})", unit="episode")
     if workers > 1 and len(todo) > 1:
         import multiprocessing as mp
+        import os
+
+        from comsim.workers import exit_with_parent
         jobs = [(str(real), str(out), al, mode, tuple(channels), refine, e) for e in todo]
-        with mp.get_context("spawn").Pool(min(workers, len(todo))) as pool:
+        # workers end with this process: a rerun after a kill never races one staging the same episode
+        with mp.get_context("spawn").Pool(min(workers, len(todo)), initializer=exit_with_parent,
+                                          initargs=(os.getpid(),)) as pool:
             for _ in pool.imap_unordered(_replay_and_stage, jobs):
                 bar.update(1)
     else:
