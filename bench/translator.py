@@ -65,10 +65,16 @@ def held_out_episodes(cfg, max_frames: int):
         src = val.sources[s]
         n = min(src.episode_length(e), max_frames)
         ep = src.read_window(e, 0, n, cameras=keys)
+        controls = {c: resize_frames(ep.frames[k], val.resolution) for c, k in zip(cfg.data.controls, keys[2:])}
         out.append({"real": resize_frames(ep.frames[keys[0]], val.resolution),
                     "sim": resize_frames(ep.frames[keys[1]], val.resolution), "action": ep.action,
-                    "source": s, "episode": e, "n": n})
+                    "controls": controls, "source": s, "episode": e, "n": n})
     return out
+
+
+def first_frames(controls: dict, n: int | None) -> dict | None:
+    """The control videos an episode is translated with, cut to its first ``n`` frames (None: all)."""
+    return {c: v[:n] for c, v in controls.items()} or None
 
 
 def lab_pairs(pairs_dir: Path, args) -> list[str]:
@@ -161,7 +167,8 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
             j = partner[i]
             other = episodes[j]
             n = min(ep["n"], other["n"])
-            gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i)
+            gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i,
+                       controls=first_frames(ep["controls"], n))
             got.append(ious(model.predict(gen), masks[j][:n]))
             own.append(ious(model.predict(gen), masks[i][:n]))  # where episode i's robot was
         result[f"w_action={wa:g}"] = {"iou": mean(got, 0), "iou_moving": mean(got, 1),
@@ -295,6 +302,7 @@ def main(argv=None):
     for i, ep in enumerate(episodes):
         for m, (wa, ws) in modes.items():
             gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i,
+                                controls=first_frames(ep["controls"], None),
                                 overlap=overlap))
     result["psnr"] = {"sim": round(mean_psnr((e["sim"], e["real"]) for e in episodes), 2)}
     for m, gs in gens.items():
@@ -318,7 +326,8 @@ def main(argv=None):
             for i, ep in enumerate(episodes):
                 other = episodes[(i + 1) % len(episodes)]
                 n = min(len(ep["sim"]), len(other["action"]))
-                gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i)
+                gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i,
+                           controls=first_frames(ep["controls"], n))
                 got.append(action_consistency(gen, other["action"][:n]))
                 chance.append(action_consistency(ep["real"][:n], other["action"][:n]))
                 ceiling.append(action_consistency(other["real"][:n], other["action"][:n]))

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from comsim.config import PRECISIONS
+from comsim.io.keys import CONTROLS
 
 
 def _lab_record(a):
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--mode", choices=["physics", "kinematic"], default="physics")
     rp.add_argument("--calibration", default=None, help="calibration.json (default: align from the data)")
     rp.add_argument("--camera", default=None, help="camera key of the real dataset (default: its first)")
-    rp.add_argument("--channels", default="seg", help="extra twin videos: comma list of seg, depth ('' for none)")
+    rp.add_argument("--channels", default="seg,normal", help="extra twin videos: comma list of seg, depth, normal ('' for none)")
     rp.add_argument("--no-report", action="store_true", help="skip OUT/alignment_report.json")
     rp.add_argument("--no-refine", action="store_true",
                     help="physics mode: keep the first-frame object poses (skip the whole-video refinement)")
@@ -188,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--only-success", action="store_true",
                    help="retry failed episodes with new seeds (counted) instead of keeping them flagged")
     g.add_argument("--max-attempts", type=int, default=10, help="attempts per episode with --only-success")
-    g.add_argument("--controls", nargs="*", default=[], choices=["seg", "depth"],
+    g.add_argument("--controls", nargs="*", default=[], choices=list(CONTROLS),
                    help="also record <cam>_sim_seg / <cam>_sim_depth control videos")
     g.add_argument("--scene", default=None,
                    help="generate in this twin scene YAML instead of the task's, e.g. the aligned twin "

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from comsim.config import PANDA_PUSH_CELL, ConfigError, config_file
 from comsim.io.files import write_json
-from comsim.io.keys import seg_key, sim_key
+from comsim.io.keys import control_key, seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import atomic_output
 from comsim.report.run import build_report
@@ -198,15 +198,19 @@ def _translator(paired_dir: Path, run_dir: Path, p: DemoProfile) -> Path:
     return Path(result) if result else final
 
 
+# the twin's labels (seg) ride along: object fidelity compares the converted frames with them; the surface
+# normals (normal) are what the translator is conditioned on besides the render (configs/translator/tiny_lab.yaml)
+SIM_CONTROLS = ("seg", "normal")
+
+
 def _generate(sim_dir: Path, ood_dir: Path, p: DemoProfile, scene: Path) -> None:
     from comsim.factory.generate import generate_dataset
 
-    # the twin's labels (seg) ride along: object fidelity compares the converted frames with them
     if not _done(sim_dir):
-        generate_dataset(p.sim_task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene, controls=("seg",))
+        generate_dataset(p.sim_task, p.sim_episodes, sim_dir, workers=2, seed=1000, scene=scene, controls=SIM_CONTROLS)
     if p.ood_sim_episodes and not _done(ood_dir):
         generate_dataset(p.sim_task, p.ood_sim_episodes, ood_dir, workers=2, seed=2000, split="ood", scene=scene,
-                         controls=("seg",))
+                         controls=SIM_CONTROLS)
 
 
 def _convert(model_dir: Path, jobs: list[tuple[Path, Path]]) -> None:
@@ -251,7 +255,8 @@ def _metrics(model_dir: Path, run: RunLayout, converted: dict) -> dict:
 
         writers = {k: DatasetWriter(run.heldout_part(k), ds.fps) for k in ("pseudo", "sim_only", "real")}
         for j, i in enumerate(heldout):
-            ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg])
+            controls = [control_key(cam, c) for c in pipe.controls if control_key(cam, c) != seg]
+            ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg, *controls])
             writers["pseudo"].add_episode(pipe.translate_episode(ep, seed=i), episode_index=j)
             # the raw twin render and the lab frames, at the translator's resolution, to score against
             sim = resize_frames(ep.frames[sim_key(cam)], (H, W))

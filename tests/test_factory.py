@@ -267,10 +267,15 @@ def _judge_frames(task: str, prog, setup, seg) -> bool:
 def test_expert_succeeds_and_the_frames_agree(task, seed):
     prog = load_program(task)
     setup, _ = prepare_setup(prog, episode_seed(0, seed), "id", robot_only_scene(prog))
-    r = run_episode(prog, setup, controls=("seg",))
+    r = run_episode(prog, setup, controls=("seg", "normal"))
     ep = r.episode
     assert r.success and ep.success and r.failure is None, r.detail
-    assert set(ep.frames) == {"front_sim", "front_sim_seg"} and ep.frames["front_sim"].shape[1:] == (128, 128, 3)
+    assert set(ep.frames) == {"front_sim", "front_sim_seg", "front_sim_normal"}
+    assert ep.frames["front_sim"].shape[1:] == (128, 128, 3) == ep.frames["front_sim_normal"].shape[1:]
+    normals = ep.frames["front_sim_normal"].astype(np.float32) / 127.5 - 1.0
+    up_in_cam = np.asarray(prog.scene.camera(prog.camera).T_cam_from_base)[:3, :3] @ [0.0, 0.0, 1.0]
+    table = (ep.frames["front_sim_seg"][0] == 0).all(-1)[70:100, 40:90]  # mid table: black in the label video
+    assert np.median(normals[0, 70:100, 40:90][table] @ up_in_cam) > 0.99  # the table top faces up
     assert ep.action.shape == (len(ep), 8) and ep.state.shape == (len(ep), 8) and ep.fps == 10
     assert ep.provenance.source == "sim" and ep.provenance.seed == setup.seed and ep.provenance.twin_spec_hash
     assert _judge_frames(task, prog, setup, ep.frames["front_sim_seg"][-1])

@@ -242,6 +242,34 @@ def test_rgb_segmentation_depth_of_the_cell():
     np.testing.assert_allclose(depth[vs, us][on_table], z_cam[on_table], atol=1e-3)
 
 
+def test_surface_normals_from_the_cells_depth():
+    """Normals derived from a MuJoCo depth render (the ``normal`` control video): on the table top they are the
+    table's up axis seen from the camera, they face the camera, and they survive the uint8 encoding."""
+    from comsim.twin.camera_model import normal_to_rgb, normals_from_depth
+
+    scene = Scene(load_scene_spec(CELL))
+    cam = scene.spec.cameras[0]
+    with SceneRenderer(scene, "front") as r:
+        seg, depth = r.segmentation(), r.depth()
+    n = normals_from_depth(depth, cam.K)
+    assert n.shape == (128, 128, 3) and n.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(n, axis=-1), 1.0, atol=1e-4)
+    up_in_cam = np.asarray(cam.T_cam_from_base)[:3, :3] @ [0.0, 0.0, 1.0]
+    inner = np.zeros_like(seg, bool)
+    inner[60:100, 40:90] = True  # the middle of the table top, away from the cubes and the arm
+    table = inner & (seg == 0)
+    assert table.sum() > 1000
+    assert np.degrees(np.arccos(np.clip(n[table] @ up_in_cam, -1, 1))).max() < 1.0
+    robot = seg == 1
+    assert (n[robot] @ up_in_cam < 0.9).mean() > 0.5  # the arm's surfaces point every way
+    fx, fy, cx, cy = cam.K
+    v, u = np.mgrid[0:128, 0:128]
+    rays = np.stack([(u - cx) / fx, (v - cy) / fy, np.ones((128, 128))], -1)
+    assert ((n * rays).sum(-1) <= 1e-6).all()  # every normal faces the camera
+    decoded = normal_to_rgb(n).astype(np.float32) / 127.5 - 1.0
+    assert np.abs(decoded - n).max() < 1 / 127
+
+
 def test_renderer_size_and_errors():
     scene = Scene(load_scene_spec(CELL))
     with SceneRenderer(scene, "front", 256, 256) as r:

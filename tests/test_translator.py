@@ -420,6 +420,36 @@ def test_native_resolution_model_with_large_patches_and_refinement():
     assert refined.refine[0].weight.grad.abs().sum() > 0
 
 
+def test_refinement_sees_the_tokens_feature_maps():
+    """refine_features: the tokens' feature maps reach the full-resolution head. At init the head adds
+    nothing; once its last layer is not zero, the output depends on the transformer through those maps, and
+    the gradient reaches the projection that makes them."""
+    kw = dict(in_channels=3, sim_channels=3, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
+              dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True, patch_bottleneck=16,
+              refine_channels=4)
+    torch.manual_seed(0)
+    plain = CompositionalVideoDiT(**kw)
+    torch.manual_seed(0)
+    featured = CompositionalVideoDiT(**kw, refine_features=3)
+    assert featured.refine[0].in_channels == plain.refine[0].in_channels + 3
+    g = torch.Generator().manual_seed(1)
+    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 3, 2, 32, 32, generator=g)
+    t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
+    with torch.no_grad():
+        assert torch.allclose(featured(x, t, a, s), s + 0 * x)  # x0 = the sim render at init (sim_residual)
+        featured.refine[-1].weight.normal_(0, 0.1)
+        featured.refine_proj.weight.normal_(0, 0.1)
+        before = featured(x, t, a, s)
+        featured.refine_proj.bias.add_(1.0)  # only the feature maps change
+        assert not torch.allclose(before, featured(x, t, a, s))
+    featured(x, t, a, s).square().mean().backward()
+    assert featured.refine_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="refine_features needs refine_channels"):
+        CompositionalVideoDiT(**{**kw, "refine_channels": 0}, refine_features=3)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        CompositionalVideoDiT(**{**kw, "patch_size": (1, 2, 2), "patch_bottleneck": 0}, refine_features=3)
+
+
 def test_config_names_a_resolution_the_patch_does_not_divide():
     with pytest.raises(ValueError, match=r"data.resolution=\[100, 100\].*model.patch_size=\[1, 16, 16\]"):
         micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")

@@ -238,9 +238,15 @@ def test_replay_round_trip(lab, tmp_path, mode):
     replay_dataset(lab, CELL, out, mode=mode, calibration=nominal_calibration(tmp_path / "cal.json"),
                    episodes=[0], report=False, log=lambda *a: None)
     real, paired = LeRobotDataset(lab), LeRobotDataset(out)
-    assert set(paired.camera_keys) == {"front", "front_sim", "front_sim_seg"}
+    assert set(paired.camera_keys) == {"front", "front_sim", "front_sim_seg", "front_sim_normal"}
     ep, src = paired[0], real[0]
     assert ep.frames["front_sim"].shape == src.frames["front"].shape  # the real camera's resolution
+    assert ep.frames["front_sim_normal"].shape == src.frames["front"].shape
+    if mode == "kinematic":  # normals through the lens: the table top still faces the twin's camera's up axis
+        T = np.asarray(json.loads((out / "twin_alignment.json").read_text())["T_cam_from_base"])
+        normals = ep.frames["front_sim_normal"][0, 70:100, 40:90].astype(np.float32) / 127.5 - 1.0
+        table = (ep.frames["front_sim_seg"][0, 70:100, 40:90] < 40).all(-1)  # black: label 0 after H.264
+        assert table.sum() > 200 and np.median(normals[table] @ (T[:3, :3] @ [0.0, 0.0, 1.0])) > 0.98
     assert np.abs(ep.frames["front"].astype(int) - src.frames["front"].astype(int)).mean() < 3  # re-encoded
     np.testing.assert_allclose(ep.action, src.action)
     np.testing.assert_allclose(ep.state, src.state)

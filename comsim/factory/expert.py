@@ -25,7 +25,7 @@ from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
 from comsim.sim.spec import spec_hash
-from comsim.twin.camera_model import depth_to_rgb, seg_to_rgb
+from comsim.twin.camera_model import depth_to_rgb, normal_to_rgb, normals_from_depth, seg_to_rgb
 
 SETTLE_S = 0.5
 
@@ -82,14 +82,18 @@ class EpisodeResult:
     verdicts: dict = field(default_factory=dict)
 
 
-def _controls_frame(renderer: SceneRenderer, controls: tuple[str, ...]) -> dict[str, np.ndarray]:
+def _controls_frame(renderer: SceneRenderer, controls: tuple[str, ...], K) -> dict[str, np.ndarray]:
     """Control videos encoded exactly as the twin's paired data encodes them (the translator
-    trained on those must read these the same way)."""
+    trained on those must read these the same way); ``K``: the camera's intrinsics at the render's size."""
     out = {}
     if "seg" in controls:
         out["seg"] = seg_to_rgb(renderer.segmentation())
-    if "depth" in controls:
-        out["depth"] = depth_to_rgb(renderer.depth())
+    if "depth" in controls or "normal" in controls:
+        depth = renderer.depth()
+        if "depth" in controls:
+            out["depth"] = depth_to_rgb(depth)
+        if "normal" in controls:
+            out["normal"] = normal_to_rgb(normals_from_depth(depth, K))
     return out
 
 
@@ -109,10 +113,11 @@ def run_episode(program: TaskProgram, setup: EpisodeSetup, controls: tuple[str, 
     rec = {"rgb": [], "state": [], "action": [], "env": [], **{c: [] for c in controls}}
     failure, detail = None, ""
 
+    K = scene.spec.camera(cam).K  # the renderer draws the camera at its own resolution
     with SceneRenderer(scene, cam) as renderer:
         def record(action):
             rec["rgb"].append(renderer.rgb())
-            for c, img in _controls_frame(renderer, controls).items():
+            for c, img in _controls_frame(renderer, controls, K).items():
                 rec[c].append(img)
             rec["state"].append(scene.get_state().astype(np.float32))
             rec["env"].append(np.concatenate([np.concatenate(scene.object_pose(r)) for r in roles]))

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from comsim.io.keys import CONTROLS
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset
 from comsim.io.files import atomic_output, write_json
 from comsim.errors import InputError
@@ -38,7 +39,6 @@ HEADER_FILE = "generation.json"
 REPORT_FILE = "generation_report.json"
 TASK_FILE = "task.yaml"  # the task as generated, when it was moved to another scene
 RESUME_KEYS = ("task", "program_hash", "seed", "split", "only_success", "max_attempts", "controls", "fps")
-CONTROLS = ("seg", "depth")
 
 # One program and one robot-only scene per worker process (built on first use).
 _WORKER: dict = {}

@@ -6,12 +6,13 @@ A camera ``front`` of a paired, factory or converted dataset is stored under the
     front            what the robot's camera saw: real, lab, or pseudo-real after conversion
     front_sim        the twin's (or the factory's) render of the same instant
     front_sim_seg    optional control channels of that render: segmentation labels,
-    front_sim_depth  depth
+    front_sim_depth  depth,
+    front_sim_normal surface normals in the camera frame
 """
 from __future__ import annotations
 
 SIM_SUFFIX = "_sim"
-CONTROLS = ("seg", "depth")  # the control channels a render can be recorded with
+CONTROLS = ("seg", "depth", "normal")  # the control channels a render can be recorded with
 
 
 def sim_key(camera: str) -> str:
@@ -30,6 +31,10 @@ def seg_key(camera: str) -> str:
 
 def depth_key(camera: str) -> str:
     return control_key(camera, "depth")
+
+
+def normal_key(camera: str) -> str:
+    return control_key(camera, "normal")
 
 
 def is_sim_key(key: str) -> bool:

@@ -165,7 +165,7 @@ class PairedWindowDataset(torch.utils.data.Dataset):
         episodes: restrict to these (source index, episode index) pairs (a split).
         stride: step between window starts.
         controls: extra control channels, read from ``control_key(camera, name)`` (``<camera>_sim_<name>``,
-            e.g. "seg", "depth").
+            e.g. "seg", "depth", "normal").
     """
 
     def __init__(self, sources, camera: str, num_frames: int, resolution: tuple[int, int],

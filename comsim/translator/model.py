@@ -172,6 +172,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             bottleneck for large pixel patches, e.g. 16x16 at 128x128).
         refine_channels: > 0: a small per-frame conv head at full resolution adds detail to the
             patch output from the noisy input and the sim video (see ``__init__``).
+        refine_features: > 0 (with ``refine_channels``): every token also emits this many feature maps on a
+            grid 4x finer than the tokens, upsampled bilinearly into the conv head: the transformer's view of
+            the whole window (which link of the arm, where its shadow falls) reaches each pixel, and the head
+            turns it into full-resolution colour where the sim render has the edges.
     """
 
     _supports_gradient_checkpointing = True
@@ -200,6 +204,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         refine_channels: int = 0,
         background_plate: bool = False,
         plate_tolerance: float = 0.38,
+        refine_features: int = 0,
+        local_affine: int = 0,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -217,9 +223,19 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"num_frames x sample_size = {num_frames} x {tuple(sample_size)} must be divisible "
                              f"by patch_size={tuple(patch_size)}")
         self.gradient_checkpointing = False
-        if patch_bottleneck < 0 or refine_channels < 0:
-            raise ValueError(f"patch_bottleneck and refine_channels must be >= 0 (0 = off), got "
-                             f"{patch_bottleneck} and {refine_channels}")
+        if patch_bottleneck < 0 or refine_channels < 0 or refine_features < 0:
+            raise ValueError(f"patch_bottleneck, refine_channels and refine_features must be >= 0 (0 = off), got "
+                             f"{patch_bottleneck}, {refine_channels} and {refine_features}")
+        if refine_features and not refine_channels:
+            raise ValueError("refine_features needs refine_channels > 0: the features feed the full-resolution head")
+        if refine_features and (ph % 4 or pw % 4):
+            raise ValueError(f"refine_features: the feature grid is 4x finer than the tokens, so patch_size "
+                             f"{tuple(patch_size)} must have heights and widths divisible by 4")
+        if local_affine < 0 or (local_affine and (ph % local_affine or pw % local_affine)):
+            raise ValueError(f"local_affine={local_affine}: the coefficient grid must divide each patch, so patch_size "
+                             f"{tuple(patch_size)} needs heights and widths divisible by it (0 = off)")
+        if local_affine and not sim_residual:
+            raise ValueError("local_affine needs sim_residual=True: its features include the residual's start")
         patch_in = (in_channels + sim_channels + 1) * pt * ph * pw  # +1: sim presence mask
         # JiT's bottleneck patch embedding: a large pixel patch is projected to a few values first
         self.patch_embed = (nn.Sequential(nn.Linear(patch_in, patch_bottleneck), nn.Linear(patch_bottleneck, dim))
@@ -242,16 +258,34 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         self.refine = None
+        self.refine_proj = None
         if refine_channels:
-            # Per-frame convolutions at the full latent resolution over (patch output, noisy input, sim, mask):
-            # a token of a large patch sees the frame coarsely, the refinement puts back the sim render's
-            # edges (a 5-px cube) where the twin drew them. Zero-initialised last layer: starts as identity.
-            c_in = in_channels * 2 + sim_channels + 1
-            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.SiLU(),
-                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.SiLU(),
+            # Per-frame convolutions at the full latent resolution over (x0 so far, noisy input, sim, mask [,
+            # the tokens' feature maps]): a token of a large patch sees the frame coarsely, the refinement puts
+            # back the sim render's edges (a 5-px cube) where the twin drew them. Zero-initialised last layer:
+            # starts as identity. Run channels-last: small-channel convolutions are ~3x faster so on CPUs.
+            c_in = in_channels * 2 + sim_channels + 1 + refine_features
+            if refine_features:
+                self.refine_proj = nn.Linear(dim, refine_features * pt * (ph // 4) * (pw // 4))
+            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.ReLU(inplace=True),
+                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.ReLU(inplace=True),
                                         nn.Conv2d(refine_channels, in_channels, 3, padding=1))
             nn.init.zeros_(self.refine[-1].weight)
             nn.init.zeros_(self.refine[-1].bias)
+        self.affine_proj = None
+        if local_affine:
+            # Per-pixel affine maps of the twin's own full-resolution features (1, the residual's start, the sim
+            # render and its control channels): each token predicts one map for each cell of a grid
+            # local_affine times finer than its patch (4: cells of 4x4 px for 16x16 patches). A real frame is
+            # the twin's surfaces (their albedo: the start; their orientation: the normals) times light and
+            # shadow, which vary slowly across the image; so a coarse grid of coefficients draws the frame at
+            # full resolution, edges and texture taken from the twin's features. Zero-initialised: starts as
+            # the residual alone. (Coefficients interpolated bilinearly between cells cost twice as much per
+            # training step here: the interpolated coefficients are a full-resolution tensor per feature.)
+            n_feat = 1 + in_channels + sim_channels
+            self.affine_proj = nn.Linear(dim, n_feat * in_channels * pt * local_affine * local_affine)
+            nn.init.zeros_(self.affine_proj.weight)
+            nn.init.zeros_(self.affine_proj.bias)
         if background_plate:
             # (C, H, W) latents, saved with the weights; zeros until fit_background_plate
             self.register_buffer("plate_sim", torch.zeros(in_channels, *sample_size))
@@ -326,6 +360,20 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         grouped = rearrange(actions, "b (t g) a -> b t (g a)", g=self.actions_per_token)
         return self.action_embed(grouped)
 
+    def _local_affine(self, h_out, start, sim, grid):
+        """sum_f coef_f(cell) * feature_f(pixel): one affine map per cell of a grid ``local_affine`` times finer
+        than the tokens (coefficients from the tokens ``h_out`` (B, N, D)), applied to the full-resolution
+        features (1, start, sim) of every pixel in the cell; start, sim (B, *, T, H, W)."""
+        c = self.config
+        B, C, T, H, W = start.shape
+        (Tt, Ht, Wt), (pt, g) = grid, (c.patch_size[0], c.local_affine)
+        feats = torch.cat([torch.ones_like(start[:, :1]), start, sim], dim=1).to(h_out.dtype)
+        cy, cx = H // (Ht * g), W // (Wt * g)  # pixels per cell
+        coef = rearrange(self.affine_proj(h_out), "b (t h w) (f c pt gh gw) -> b (t pt) f c (h gh) 1 (w gw) 1",
+                         t=Tt, h=Ht, w=Wt, f=feats.shape[1], c=C, pt=pt, gh=g, gw=g)
+        cells = rearrange(feats, "b f t (y cy) (x cx) -> b t f 1 y cy x cx", cy=cy, cx=cx)
+        return rearrange((coef * cells).sum(2), "b t c y cy x cx -> b c t (y cy) (x cx)")
+
     # -- forward ---------------------------------------------------------------------------
     def forward(self, noisy_latents, timestep, actions, sim_latents, action_keep=None, sim_keep=None):
         c = self.config
@@ -371,16 +419,26 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                 x = block(x, cond, rope, Ht * Wt)
 
         shift, scale = self.ada_out(F.silu(cond)).repeat_interleave(Ht * Wt, dim=1).chunk(2, dim=-1)
-        x = self.proj_out(self.norm_out(x) * (1 + scale) + shift)
-        x = rearrange(x, "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
+        h_out = self.norm_out(x) * (1 + scale) + shift
+        x = rearrange(self.proj_out(h_out), "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
-        if self.refine is not None:
-            frames = torch.cat([x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)], dim=1)
-            frames = rearrange(frames, "b c t h w -> (b t) c h w")
-            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
             start = self.residual_start(sim_latents[:, :C]) * sk
             if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
                 start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
             x = x + start.to(x.dtype)
+            if self.affine_proj is not None:
+                x = x + self._local_affine(h_out, start, sim_latents * sk, (Tt, Ht, Wt))
+        if self.refine is not None:
+            parts = [x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)]
+            parts = [rearrange(p, "b c t h w -> (b t) c h w") for p in parts]
+            if self.refine_proj is not None:
+                f = self.refine_proj(h_out)  # (B, Tt*Ht*Wt, F * pt * ph/4 * pw/4): each token's 4x-finer cells
+                f = rearrange(f, "b (t h w) (c pt fh fw) -> (b t pt) c (h fh) (w fw)", t=Tt, h=Ht, w=Wt, pt=pt,
+                              fh=ph // 4, fw=pw // 4)
+                parts.append(F.interpolate(f, size=(H, W), mode="bilinear", align_corners=False))
+            if torch.is_autocast_enabled(x.device.type):  # the convolutions run in that dtype: cast before the copy
+                parts = [p.to(torch.get_autocast_dtype(x.device.type)) for p in parts]
+            frames = torch.cat(parts, dim=1).contiguous(memory_format=torch.channels_last)
+            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B).contiguous()
         return x

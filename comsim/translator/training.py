@@ -28,6 +28,7 @@ from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode, resize_frames
 from comsim.io.keys import control_key, sim_key
 from comsim.io.video import write_video
+from comsim.memory import keep_freed_memory
 from comsim.metrics.frame import mean_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
@@ -49,7 +50,9 @@ class ModelConfig:
     prediction_type: str = "velocity"  # velocity (v = noise - x0) | sample (x0, JiT-style; see model.py)
     sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
     patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
-    refine_channels: int = 0  # > 0: full-resolution conv head over (patch output, noisy input, sim)
+    refine_channels: int = 0  # > 0: full-resolution conv head over (x0 so far, noisy input, sim)
+    refine_features: int = 0  # > 0: the tokens' feature maps (4x finer than the tokens) feed that head too
+    local_affine: int = 0  # > 0: per-pixel affine maps of the twin's features, on a grid this much finer than tokens
     background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
     plate_tolerance: float = 0.38  # latent units summed over channels (0.38: 48 grey levels in pixel space)
     plate_frames: int = 512  # training frames the plates are fit on (evenly spread)
@@ -79,7 +82,7 @@ class DataConfig:
     paths: list[str] = field(default_factory=list)  # LeRobot paired datasets; empty: synthetic pairs
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     camera: str = "front"
-    controls: list[str] = field(default_factory=list)  # extra sim control keys: "seg", "depth"
+    controls: list[str] = field(default_factory=list)  # extra sim control keys: "seg", "depth", "normal"
     num_frames: int = 8  # window length in frames (1 + 4k for a video VAE)
     resolution: tuple[int, int] = (32, 32)
     val_episodes: int = 2  # held out: the last episodes of the first dataset
@@ -150,8 +153,13 @@ class TranslatorConfig:
         if self.codec.type == "pixel" and (H % ph or W % pw or self.data.num_frames % pt):
             raise ValueError(f"data.resolution={[H, W]} and data.num_frames={self.data.num_frames} must be divisible "
                              f"by model.patch_size={[pt, ph, pw]} (frames, height, width) in pixel space")
-        if self.model.patch_bottleneck < 0 or self.model.refine_channels < 0:
-            raise ValueError("model.patch_bottleneck and model.refine_channels must be >= 0 (0 = off)")
+        m = self.model
+        if m.patch_bottleneck < 0 or m.refine_channels < 0 or m.refine_features < 0:
+            raise ValueError("model.patch_bottleneck, model.refine_channels and model.refine_features must be >= 0 "
+                             "(0 = off)")
+        if m.refine_features and not m.refine_channels:
+            raise ValueError(f"model.refine_features={m.refine_features} needs model.refine_channels > 0: the "
+                             "features feed the full-resolution conv head")
         ov = self.sampling.overlap
         if ov is not None and not 0 < ov < self.data.num_frames:
             raise ValueError(f"sampling.overlap must be in [1, data.num_frames={self.data.num_frames}) frames "
@@ -272,7 +280,8 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
         sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
-        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance)
+        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, refine_features=m.refine_features,
+        local_affine=m.local_affine)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -375,6 +384,8 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
         check_checkpoint_config(checkpoint, cfg)  # before any compute
     set_seed(tc.seed)
     rank, world, dev = accelerator.process_index, accelerator.num_processes, accelerator.device
+    if dev.type == "cpu":
+        keep_freed_memory()
 
     codec = build_codec(dataclasses.asdict(cfg.codec)).to(dev)
     train_ds, val_ds = build_datasets(cfg, sources)

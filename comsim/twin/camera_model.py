@@ -51,6 +51,8 @@ class RealCameraView:
     def __init__(self, scene: Scene, cam: str, render_cam: str, K, dist, width: int, height: int, margin: int):
         self.renderer = SceneRenderer(scene, render_cam)
         self.width, self.height, self.margin = width, height, margin
+        fx, fy, cx, cy = as_K(K)
+        self.render_K = (fx, fy, cx + margin, cy + margin)
         if dist is not None and margin > 0:
             fx, fy, cx, cy = as_K(K)
             Km = np.array([[fx, 0, cx], [0, fy, cy], [0, 0, 1.0]])
@@ -77,6 +79,17 @@ class RealCameraView:
     def depth(self) -> np.ndarray:
         return self._warp(self.renderer.depth())
 
+    def normals(self) -> np.ndarray:
+        """float32 (H, W, 3) unit surface normals in the camera frame (OpenCV), as the real camera records
+        them: computed in the pinhole render (its own K, margin included), then moved by the lens with the
+        pixels (a normal's direction does not depend on where the lens puts it)."""
+        fx, fy, cx, cy = as_K(self.render_K)
+        n = normals_from_depth(self.renderer.depth(), (fx, fy, cx, cy))
+        if self.map_x is None:
+            return n
+        n = self._warp(n)
+        return n / np.maximum(np.linalg.norm(n, axis=-1, keepdims=True), 1e-6)
+
     def close(self) -> None:
         self.renderer.close()
 
@@ -102,6 +115,31 @@ def rgb_to_seg(img: np.ndarray) -> np.ndarray:
     present[0] = True
     d[..., ~present] = np.iinfo(np.int32).max
     return d.argmin(-1).astype(np.int32)
+
+
+def normals_from_depth(depth: np.ndarray, K) -> np.ndarray:
+    """float32 (H, W, 3) unit normals in the camera frame (x right, y down, z forward) of a pinhole depth image
+    (metres along the optical axis, camera ``K`` = fx, fy, cx, cy), turned towards the camera. Each pixel is
+    back-projected to 3D and the normal is the cross product of the surface's central differences along the
+    image rows and columns (one-sided at the border); a pixel with no depth gets the normal -z (facing the
+    camera)."""
+    fx, fy, cx, cy = as_K(K)
+    z = np.asarray(depth, np.float64)
+    far = ~np.isfinite(z)
+    z = np.where(far, np.nanmax(np.where(far, np.nan, z)) if (~far).any() else 1.0, z)
+    H, W = z.shape
+    v, u = np.mgrid[0:H, 0:W].astype(np.float64)
+    P = np.stack([(u - cx) / fx * z, (v - cy) / fy * z, z], -1)
+    n = np.cross(np.gradient(P, axis=1), np.gradient(P, axis=0))
+    n /= np.maximum(np.linalg.norm(n, axis=-1, keepdims=True), 1e-12)
+    n = np.where((n * P).sum(-1, keepdims=True) > 0, -n, n)  # facing the camera: n . (point - camera) < 0
+    n[far] = (0.0, 0.0, -1.0)
+    return n.astype(np.float32)
+
+
+def normal_to_rgb(normals: np.ndarray) -> np.ndarray:
+    """Unit normals as a video frame: each component from [-1, 1] to 0..255 (smooth, so it survives H.264)."""
+    return np.clip((np.asarray(normals, np.float32) + 1.0) * 127.5 + 0.5, 0, 255).astype(np.uint8)
 
 
 def depth_to_rgb(depth: np.ndarray) -> np.ndarray:

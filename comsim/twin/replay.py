@@ -39,7 +39,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import SOURCES, Episode, Provenance
 from comsim.errors import InputError
-from comsim.io.keys import depth_key, seg_key, sim_key
+from comsim.io.keys import depth_key, normal_key, seg_key, sim_key
 from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
@@ -47,7 +47,7 @@ from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, sp
 from comsim.twin.align import (aligned_spec, calibrate_dataset, calibrate_stills, camera_key, dataset_intrinsics,
                                stills_background, stills_folder)
 from comsim.twin.calibrate import load_calibration
-from comsim.twin.camera_model import RealCameraView, depth_to_rgb, seg_to_rgb, with_render_camera
+from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, seg_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import localize_objects
@@ -176,7 +176,7 @@ def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, backgrou
 
 
 def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: str,
-                   channels=("seg",), refine: bool = True, log=None) -> Episode:
+                   channels=("seg", "normal"), refine: bool = True, log=None) -> Episode:
     cam = al["camera"]
     ep = ds.read_episode(e)
     _check_episode(ds, e, ep, cam)
@@ -204,7 +204,7 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     view = RealCameraView(scene, cam, render_cam, K, dist, W, H, margin)
     n = len(ep)
     t = ep.timestamps.astype(np.float64)
-    sim, seg, depth, tstate, opos, oquat = [], [], [], [], [], []
+    sim, seg, depth, normal, tstate, opos, oquat = [], [], [], [], [], [], []
     try:
         for k in range(n):
             if mode == "kinematic":
@@ -214,6 +214,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                 seg.append(seg_to_rgb(view.segmentation()))
             if "depth" in channels:
                 depth.append(depth_to_rgb(view.depth()))
+            if "normal" in channels:
+                normal.append(normal_to_rgb(view.normals()))
             tstate.append(scene.get_state())
             p = [scene.object_pose(nm) for nm in scene.object_names]
             opos.append([a for a, _ in p])
@@ -228,6 +230,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
         frames[seg_key(cam)] = np.stack(seg)
     if depth:
         frames[depth_key(cam)] = np.stack(depth)
+    if normal:
+        frames[normal_key(cam)] = np.stack(normal)
     src = ep.provenance.source if ep.provenance.source in SOURCES else "real"
     prov = Provenance(source=src, task=ep.provenance.task or ep.task, seed=ep.provenance.seed,
                       twin_spec_hash=al["spec_hash"],
@@ -245,7 +249,7 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
-                   channels=("seg",), episodes=None, report: bool = True, close: bool = True,
+                   channels=("seg", "normal"), episodes=None, report: bool = True, close: bool = True,
                    refine: bool = True, workers: int = 1, log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
