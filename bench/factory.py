@@ -5,8 +5,9 @@ Measures, on this machine:
   including the workers' start-up), and the speed-up;
 - conversion: frames/s of `convert_dataset` (1 and ``--convert-workers`` processes) with the lab
   translator's architecture (``--translator``, default configs/translator/tiny_lab.yaml: pixel space,
-  16x16 patches, 8 frames of 128x128) and its own sampling (8 steps, w_action 1, w_sim 1.5: the composed
-  guidance evaluates all three branches), and the minutes that 200 episodes of 100 frames would take;
+  16x16 patches, 8 frames of 128x128) and its own sampling settings (steps, overlap, guidance weights: with
+  both weights non-zero the composed guidance evaluates all three branches), and the minutes that 200
+  episodes of 100 frames would take; the factory records the control videos the translator reads;
   ``--precision bf16`` converts under autocast;
   The model is RANDOMLY INITIALIZED unless ``--model`` names a trained one: timing only;
 - linearity: the time to translate one episode of L frames and one of 4L frames (a warm model,
@@ -36,14 +37,14 @@ import numpy as np
 from comsim.config import CONFIGS
 from comsim.factory.generate import generate_dataset
 from comsim.factory.program import TASKS_DIR
-from comsim.io.keys import sim_key
+from comsim.io.keys import control_key, sim_key
 
 
 def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def bench_generation(task: str, episodes: int, tmp: Path) -> dict:
+def bench_generation(task: str, episodes: int, tmp: Path, controls: tuple[str, ...] = ()) -> dict:
     """Wall-clock episodes/minute with 1 and 2 workers, and the CPU time they used.
 
     ``cores_used`` = CPU seconds / wall seconds: how much of the machine the run actually got.
@@ -53,11 +54,12 @@ def bench_generation(task: str, episodes: int, tmp: Path) -> dict:
     """
     import resource
 
-    out = {"task": task, "episodes": episodes, "load_before": load()}
+    out = {"task": task, "episodes": episodes, "controls": list(controls), "load_before": load()}
     for workers in (1, 2):
         cpu0, kids0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        rep = generate_dataset(task, episodes, tmp / f"gen{workers}", workers=workers, seed=100, progress=False)
+        rep = generate_dataset(task, episodes, tmp / f"gen{workers}", workers=workers, seed=100, progress=False,
+                               controls=controls)
         wall = time.perf_counter() - t0
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = time.process_time() - cpu0 + (kids.ru_utime - kids0.ru_utime) + (kids.ru_stime - kids0.ru_stime)
@@ -88,6 +90,15 @@ def tiny_translator(path: Path, config: Path) -> Path:
                 p.normal_(0, 0.02)
     normalizer = ActionNormalizer(np.zeros(8), np.ones(8))
     return make_pipeline(cfg, model.eval(), PixelCodec(), normalizer, fps=10).save_pretrained(path)
+
+
+def translator_controls(config: Path, model: Path | None) -> tuple[str, ...]:
+    """The control videos (``<cam>_sim_<name>``) the timed translator reads: the factory records them too."""
+    from comsim.translator.training import load_train_config
+
+    if model is not None:
+        return tuple(json.loads((Path(model) / "translator.json").read_text()).get("controls", ()))
+    return tuple(load_train_config(config).data.controls)
 
 
 def _subset(sim: Path, n: int, out: Path) -> Path:
@@ -134,8 +145,8 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
     L = min(len(e) for e in eps)
 
     def cut(parts):
-        key = sim_key(pipe.camera)
-        return Episode(frames={key: np.concatenate([e.frames[key][:L] for e in parts])},
+        keys = [sim_key(pipe.camera)] + [control_key(pipe.camera, c) for c in pipe.controls]
+        return Episode(frames={k: np.concatenate([e.frames[k][:L] for e in parts]) for k in keys},
                        action=np.concatenate([e.action[:L] for e in parts]),
                        state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
 
@@ -200,12 +211,13 @@ def main() -> None:
     import comsim.translator.pipeline  # noqa: F401
     tmp = Path(tempfile.mkdtemp(prefix="bench_factory_"))
     result = {"machine_cpus": os.cpu_count()}
+    controls = translator_controls(a.translator, a.model)
     try:
         if not a.skip_speed and not a.skip_generation:
-            result["generation"] = bench_generation(a.task, a.episodes, tmp)
+            result["generation"] = bench_generation(a.task, a.episodes, tmp, controls)
             print(json.dumps(result["generation"]), flush=True)
         elif not a.skip_speed:  # conversion input only
-            generate_dataset(a.task, 4, tmp / "gen1", seed=100, progress=False)
+            generate_dataset(a.task, 4, tmp / "gen1", seed=100, progress=False, controls=controls)
         if not a.skip_speed and not a.skip_conversion:
             result["conversion"] = bench_conversion(tmp / "gen1", tmp, a.convert_episodes, a.steps,
                                                     a.linearity_steps, a.repeats, a.translator, a.model,

@@ -253,6 +253,11 @@ def main(argv=None):
     p.add_argument("--overlap", type=int, default=None, help="frames shared by consecutive windows (default: the "
                    "config's sampling.overlap)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--validation-episodes", type=int, default=0,
+                   help="the first N held-out episodes choose the composed guidance weights (--weights-grid) and "
+                        "are then left out of every score; the others are the test episodes")
+    p.add_argument("--weights-grid", nargs="+", default=["0.25:1", "0.5:1", "1:1", "0.25:1.25", "0.5:1.25", "1:1.5"],
+                   help="W_ACTION:W_SIM settings scored on the validation episodes (with --validation-episodes)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (the "
                    "train_* numbers then cover the resumed part only)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
@@ -285,6 +290,10 @@ def main(argv=None):
         result["train_cores_used"] = round(cpu / max(wall, 1e-9), 2)
         result["loadavg_1min_start_end"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     episodes = held_out_episodes(cfg, args.frames)
+    validation, episodes = episodes[:args.validation_episodes], episodes[args.validation_episodes:]
+    if not episodes:
+        raise SystemExit(f"--validation-episodes {args.validation_episodes} leaves no test episode of "
+                         f"data.val_episodes={cfg.data.val_episodes}")
     pipe = TranslatorPipeline.from_pretrained(model_dir, expect={"camera": cfg.data.camera,
                                                                  "action_dim": episodes[0]["action"].shape[1]})
     steps = pipe.provenance.get("steps")
@@ -296,7 +305,18 @@ def main(argv=None):
     sc = cfg.sampling
     n_steps = args.num_steps or sc.num_steps
     overlap = args.overlap if args.overlap is not None else sc.overlap  # None: half a window
-    modes = {"action_only": (1.0, 0.0), "sim_only": (0.0, 1.0), "composed": (sc.w_action, sc.w_sim)}
+    weights = (sc.w_action, sc.w_sim)
+    if validation:  # composed weights chosen on the validation episodes only (PSNR per frame, then the mean)
+        rows = []
+        for setting in args.weights_grid:
+            wa, ws = (float(v) for v in setting.split(":"))
+            gen = [pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i,
+                        controls=first_frames(ep["controls"], None), overlap=overlap) for i, ep in enumerate(validation)]
+            rows.append({"w_action": wa, "w_sim": ws, "psnr": round(mean_psnr(zip(gen, (e["real"] for e in validation))), 3)})
+        best = max(rows, key=lambda r: r["psnr"])
+        weights = (best["w_action"], best["w_sim"])
+        result["weights_chosen_on_validation"] = {"episodes": [int(e["episode"]) for e in validation], "rows": rows}
+    modes = {"action_only": (1.0, 0.0), "sim_only": (0.0, 1.0), "composed": weights}
     gens = {m: [] for m in modes}
     t1 = time.time()
     for i, ep in enumerate(episodes):
@@ -314,7 +334,7 @@ def main(argv=None):
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
     result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
                    "num_steps": n_steps, "overlap": pipe.resolve_overlap(overlap),
-                   "weights": {"w_action": sc.w_action, "w_sim": sc.w_sim}})
+                   "weights": {"w_action": weights[0], "w_sim": weights[1]}})
 
     if synthetic and len(episodes) > 1:
         result["action_consistency"] = {

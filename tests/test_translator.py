@@ -420,34 +420,73 @@ def test_native_resolution_model_with_large_patches_and_refinement():
     assert refined.refine[0].weight.grad.abs().sum() > 0
 
 
-def test_refinement_sees_the_tokens_feature_maps():
-    """refine_features: the tokens' feature maps reach the full-resolution head. At init the head adds
-    nothing; once its last layer is not zero, the output depends on the transformer through those maps, and
-    the gradient reaches the projection that makes them."""
-    kw = dict(in_channels=3, sim_channels=3, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
+def test_local_affine_maps_act_per_cell():
+    """local_affine: at init the head adds nothing (x0 = the sim render); one coefficient of one cell changes
+    exactly that cell's pixels, in proportion to a feature of each pixel; the gradient reaches the projection."""
+    kw = dict(in_channels=3, sim_channels=6, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
               dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True, patch_bottleneck=16,
-              refine_channels=4)
-    torch.manual_seed(0)
-    plain = CompositionalVideoDiT(**kw)
-    torch.manual_seed(0)
-    featured = CompositionalVideoDiT(**kw, refine_features=3)
-    assert featured.refine[0].in_channels == plain.refine[0].in_channels + 3
+              local_affine=4)
+    model = CompositionalVideoDiT(**kw)
     g = torch.Generator().manual_seed(1)
-    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 3, 2, 32, 32, generator=g)
+    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 6, 2, 32, 32, generator=g)
     t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
     with torch.no_grad():
-        assert torch.allclose(featured(x, t, a, s), s + 0 * x)  # x0 = the sim render at init (sim_residual)
-        featured.refine[-1].weight.normal_(0, 0.1)
-        featured.refine_proj.weight.normal_(0, 0.1)
-        before = featured(x, t, a, s)
-        featured.refine_proj.bias.add_(1.0)  # only the feature maps change
-        assert not torch.allclose(before, featured(x, t, a, s))
-    featured(x, t, a, s).square().mean().backward()
-    assert featured.refine_proj.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="refine_features needs refine_channels"):
-        CompositionalVideoDiT(**{**kw, "refine_channels": 0}, refine_features=3)
-    with pytest.raises(ValueError, match="divisible by 4"):
-        CompositionalVideoDiT(**{**kw, "patch_size": (1, 2, 2), "patch_bottleneck": 0}, refine_features=3)
+        assert torch.allclose(model(x, t, a, s), s[:, :3])
+        h = torch.zeros(2, 2 * 2 * 2, 32)  # tokens (B, T*Ht*Wt, D): only token 0 (frame 0, top left) is on
+        h[:, 0, 0] = 1.0
+        model.affine_proj.weight.zero_()
+        # output index (f, c, pt, gh, gw) = (feature 1 + 3 + 1: the sim's 2nd channel, colour 2, 0, cell row 1, col 2)
+        model.affine_proj.weight[((5 * 3 + 2) * 4 + 1) * 4 + 2, 0] = 1.0
+        out = model._local_affine(h, torch.zeros(2, 3, 2, 32, 32), s, (2, 2, 2))
+    changed = out.abs() > 0
+    assert changed[:, 2, 0, 4:8, 8:12].all() and changed.sum() == 2 * 16  # the 4x4 px cell, colour 2, frame 0
+    torch.testing.assert_close(out[:, 2, 0, 4:8, 8:12], s[:, 1, 0, 4:8, 8:12])
+    with torch.no_grad():
+        model.affine_proj.weight.normal_(0, 0.1)
+    model(x, t, a, s).square().mean().backward()
+    assert model.affine_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="local_affine=3"):
+        CompositionalVideoDiT(**{**kw, "local_affine": 3})
+
+
+def test_sample_loss_compares_clean_frames():
+    """train.loss_target=sample: the loss is the clean frame's squared error, whatever the noise level."""
+    cfg = micro_cfg("unused", "train.loss_target=sample", "train.p_drop_sim=0", "train.p_drop_action=0")
+    x0 = torch.rand(2, 3, 4, 16, 16) * 2 - 1
+    zeros = lambda x_t, *args, **kw: torch.zeros_like(x_t)  # noqa: E731  (predicts x0 = 0)
+    loss = flow_matching_loss(zeros, x0, x0, torch.zeros(2, 4, 8), torch.Generator().manual_seed(0), cfg.train,
+                              prediction_type="sample")
+    torch.testing.assert_close(loss, x0.square().mean())
+    exact = lambda x_t, *args, **kw: x0  # noqa: E731
+    assert flow_matching_loss(exact, x0, x0, torch.zeros(2, 4, 8), torch.Generator().manual_seed(0), cfg.train,
+                              prediction_type="sample") == 0
+    with pytest.raises(ValueError, match="train.loss_target must be one of"):
+        micro_cfg("unused", "train.loss_target=noise")
+
+
+def test_object_weight_finds_the_twins_objects_in_the_label_video():
+    """train.object_weight: the loss mask is the twin's objects (labels >= 2) from the seg control video, one pixel
+    wider; the weighted loss is the weighted mean of the squared error."""
+    from comsim.translator.training import object_pixels
+    from comsim.twin.camera_model import seg_to_rgb
+
+    labels = np.zeros((2, 16, 16), np.int32)
+    labels[:, 2:6, 2:6] = 1  # the robot: not an object
+    labels[:, 9:12, 9:12] = 2  # a cube
+    sim = torch.cat([torch.zeros(1, 3, 2, 16, 16), video_to_tensor(seg_to_rgb(labels)[None])], dim=1)
+    mask = object_pixels(sim, ["seg"], (2, 16, 16))
+    expect = np.zeros((16, 16), bool)
+    expect[8:13, 8:13] = True
+    assert mask.shape == (1, 1, 2, 16, 16) and np.array_equal(mask[0, 0, 1].numpy() > 0, expect)
+    cfg = micro_cfg("unused", "data.controls=[seg]", "train.object_weight=10", "train.loss_target=sample")
+    x0 = torch.rand(1, 3, 2, 16, 16) * 2 - 1
+    zeros = lambda x_t, *args, **kw: torch.zeros_like(x_t)  # noqa: E731
+    weight = 1 + 9 * mask
+    loss = flow_matching_loss(zeros, x0, sim, torch.zeros(1, 2, 8), torch.Generator(), cfg.train,
+                              prediction_type="sample", weight=weight)
+    torch.testing.assert_close(loss, (x0.square() * weight).sum() / weight.expand_as(x0).sum())
+    with pytest.raises(ValueError, match=r"train.object_weight=10.0 needs the twin's labels: add seg to data.controls"):
+        micro_cfg("unused", "train.object_weight=10")
 
 
 def test_config_names_a_resolution_the_patch_does_not_divide():
@@ -455,6 +494,11 @@ def test_config_names_a_resolution_the_patch_does_not_divide():
         micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")
     with pytest.raises(ValueError, match=r"sampling.overlap must be in \[1, data.num_frames=4\)"):
         micro_cfg("unused", "data.num_frames=4", "sampling.overlap=4")
+    with pytest.raises(ValueError, match=r"model.local_affine=3 must divide.*model.patch_size=\[1, 16, 16\]"):
+        micro_cfg("unused", "data.resolution=[32,32]", "model.patch_size=[1,16,16]", "model.prediction_type=sample",
+                  "model.sim_residual=true", "model.local_affine=3")
+    with pytest.raises(ValueError, match="model.local_affine=4 needs model.sim_residual=true"):
+        micro_cfg("unused", "data.resolution=[32,32]", "model.patch_size=[1,16,16]", "model.local_affine=4")
 
 
 def test_two_process_cpu_ddp(tmp_path):

@@ -11,10 +11,8 @@ rate, the synthetic fraction asked for and the one actually drawn.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from comsim.config import to_dict
 from comsim.io.files import write_json
+from comsim.memory import keep_freed_memory
 from comsim.policy.config import PolicyRunConfig
 from comsim.policy.data import MixtureDataset
 from comsim.policy.model import WEIGHTS_NAME
@@ -123,25 +122,6 @@ def train_policy(run: PolicyRunConfig, data: MixtureDataset | None = None, progr
     for old in out.glob("checkpoint-*"):
         shutil.rmtree(old)
     return log
-
-
-def keep_freed_memory() -> bool:
-    """Let glibc keep freed activation buffers for the next step instead of returning them to the OS.
-
-    A training step allocates and frees the same tens of MB of activations. glibc hands blocks above
-    its mmap threshold back to the kernel at once, and the next step faults them in again as fresh
-    zeroed pages (measured on the keypoint policy, 2 cores: ~100k page faults/s, a quarter of the CPU
-    in the kernel). Raising the mmap and trim thresholds (process-wide, Linux glibc only) keeps them in
-    the heap; the arithmetic is unchanged. Returns whether the thresholds were set."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (e.g. musl)
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
-    # 32 MiB is glibc's largest mmap threshold on 64-bit: blocks up to it come from the heap
-    return bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)) and bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 def _latest_checkpoint(out: Path) -> Path | None:

@@ -172,10 +172,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             bottleneck for large pixel patches, e.g. 16x16 at 128x128).
         refine_channels: > 0: a small per-frame conv head at full resolution adds detail to the
             patch output from the noisy input and the sim video (see ``__init__``).
-        refine_features: > 0 (with ``refine_channels``): every token also emits this many feature maps on a
-            grid 4x finer than the tokens, upsampled bilinearly into the conv head: the transformer's view of
-            the whole window (which link of the arm, where its shadow falls) reaches each pixel, and the head
-            turns it into full-resolution colour where the sim render has the edges.
+        local_affine: > 0 (with ``sim_residual``): per-pixel affine maps of the twin's full-resolution
+            features, one per cell of a grid this many times finer than the tokens (see ``__init__``).
     """
 
     _supports_gradient_checkpointing = True
@@ -204,7 +202,6 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         refine_channels: int = 0,
         background_plate: bool = False,
         plate_tolerance: float = 0.38,
-        refine_features: int = 0,
         local_affine: int = 0,
     ):
         super().__init__()
@@ -223,14 +220,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"num_frames x sample_size = {num_frames} x {tuple(sample_size)} must be divisible "
                              f"by patch_size={tuple(patch_size)}")
         self.gradient_checkpointing = False
-        if patch_bottleneck < 0 or refine_channels < 0 or refine_features < 0:
-            raise ValueError(f"patch_bottleneck, refine_channels and refine_features must be >= 0 (0 = off), got "
-                             f"{patch_bottleneck}, {refine_channels} and {refine_features}")
-        if refine_features and not refine_channels:
-            raise ValueError("refine_features needs refine_channels > 0: the features feed the full-resolution head")
-        if refine_features and (ph % 4 or pw % 4):
-            raise ValueError(f"refine_features: the feature grid is 4x finer than the tokens, so patch_size "
-                             f"{tuple(patch_size)} must have heights and widths divisible by 4")
+        if patch_bottleneck < 0 or refine_channels < 0:
+            raise ValueError(f"patch_bottleneck and refine_channels must be >= 0 (0 = off), got "
+                             f"{patch_bottleneck} and {refine_channels}")
         if local_affine < 0 or (local_affine and (ph % local_affine or pw % local_affine)):
             raise ValueError(f"local_affine={local_affine}: the coefficient grid must divide each patch, so patch_size "
                              f"{tuple(patch_size)} needs heights and widths divisible by it (0 = off)")
@@ -258,17 +250,13 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             nn.init.zeros_(lin.weight)
             nn.init.zeros_(lin.bias)
         self.refine = None
-        self.refine_proj = None
         if refine_channels:
-            # Per-frame convolutions at the full latent resolution over (x0 so far, noisy input, sim, mask [,
-            # the tokens' feature maps]): a token of a large patch sees the frame coarsely, the refinement puts
-            # back the sim render's edges (a 5-px cube) where the twin drew them. Zero-initialised last layer:
-            # starts as identity. Run channels-last: small-channel convolutions are ~3x faster so on CPUs.
-            c_in = in_channels * 2 + sim_channels + 1 + refine_features
-            if refine_features:
-                self.refine_proj = nn.Linear(dim, refine_features * pt * (ph // 4) * (pw // 4))
-            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.ReLU(inplace=True),
-                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.ReLU(inplace=True),
+            # Per-frame convolutions at the full latent resolution over (patch output, noisy input, sim, mask):
+            # a token of a large patch sees the frame coarsely, the refinement puts back the sim render's
+            # edges (a 5-px cube) where the twin drew them. Zero-initialised last layer: starts as identity.
+            c_in = in_channels * 2 + sim_channels + 1
+            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.SiLU(),
+                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.SiLU(),
                                         nn.Conv2d(refine_channels, in_channels, 3, padding=1))
             nn.init.zeros_(self.refine[-1].weight)
             nn.init.zeros_(self.refine[-1].bias)
@@ -422,6 +410,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         h_out = self.norm_out(x) * (1 + scale) + shift
         x = rearrange(self.proj_out(h_out), "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
+        if self.refine is not None:
+            frames = torch.cat([x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)], dim=1)
+            frames = rearrange(frames, "b c t h w -> (b t) c h w")
+            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
             start = self.residual_start(sim_latents[:, :C]) * sk
             if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
@@ -429,16 +421,4 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             x = x + start.to(x.dtype)
             if self.affine_proj is not None:
                 x = x + self._local_affine(h_out, start, sim_latents * sk, (Tt, Ht, Wt))
-        if self.refine is not None:
-            parts = [x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)]
-            parts = [rearrange(p, "b c t h w -> (b t) c h w") for p in parts]
-            if self.refine_proj is not None:
-                f = self.refine_proj(h_out)  # (B, Tt*Ht*Wt, F * pt * ph/4 * pw/4): each token's 4x-finer cells
-                f = rearrange(f, "b (t h w) (c pt fh fw) -> (b t pt) c (h fh) (w fw)", t=Tt, h=Ht, w=Wt, pt=pt,
-                              fh=ph // 4, fw=pw // 4)
-                parts.append(F.interpolate(f, size=(H, W), mode="bilinear", align_corners=False))
-            if torch.is_autocast_enabled(x.device.type):  # the convolutions run in that dtype: cast before the copy
-                parts = [p.to(torch.get_autocast_dtype(x.device.type)) for p in parts]
-            frames = torch.cat(parts, dim=1).contiguous(memory_format=torch.channels_last)
-            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B).contiguous()
         return x

@@ -37,6 +37,9 @@ from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, vel
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
 
+LOSS_TARGETS = ("velocity", "sample")
+
+
 # -- config ---------------------------------------------------------------------------------
 @dataclass
 class ModelConfig:
@@ -51,7 +54,6 @@ class ModelConfig:
     sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
     patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
     refine_channels: int = 0  # > 0: full-resolution conv head over (x0 so far, noisy input, sim)
-    refine_features: int = 0  # > 0: the tokens' feature maps (4x finer than the tokens) feed that head too
     local_affine: int = 0  # > 0: per-pixel affine maps of the twin's features, on a grid this much finer than tokens
     background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
     plate_tolerance: float = 0.38  # latent units summed over channels (0.38: 48 grey levels in pixel space)
@@ -109,6 +111,14 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto (bf16 on GPUs, no on CPUs) | no | bf16 | fp16
     p_drop_action: float = 0.5
     p_drop_sim: float = 0.5
+    # what the loss compares: "velocity" (noise - x0; every prediction type) or "sample" (x0 itself, the same
+    # error weighted by sigma^2: near-clean samples, whose error is the camera's unpredictable noise divided by
+    # a small sigma, no longer outweigh the noisy ones, where the action has to draw the arm)
+    loss_target: str = "velocity"
+    # > 1: the loss weighs the pixels of the twin's objects (seg labels >= 2, read from the seg control channel,
+    # one pixel of margin) this much more: a 5-px cube is 0.2% of a frame, yet where it is drawn is what a
+    # policy learns from
+    object_weight: float = 1.0
     logit_normal_mean: float = 0.0
     logit_normal_std: float = 1.0
     use_ema: bool = True
@@ -142,6 +152,16 @@ class TranslatorConfig:
         for name in ("p_drop_action", "p_drop_sim"):
             if not 0.0 <= getattr(t, name) < 1.0:
                 raise ValueError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
+        if t.loss_target not in LOSS_TARGETS:
+            raise ValueError(f"train.loss_target must be one of {LOSS_TARGETS}, got {t.loss_target!r}")
+        if t.object_weight < 1.0:
+            raise ValueError(f"train.object_weight must be >= 1 (1 = every pixel alike), got {t.object_weight}")
+        if t.object_weight != 1.0 and "seg" not in self.data.controls:
+            raise ValueError(f"train.object_weight={t.object_weight} needs the twin's labels: add seg to data.controls "
+                             f"(now {list(self.data.controls)})")
+        if t.object_weight != 1.0 and self.codec.type != "pixel" and self.data.latent_cache:
+            raise ValueError("train.object_weight reads the labels from the pixel frames: it cannot run on "
+                             "data.latent_cache (encoded windows only)")
         if t.mixed_precision not in ("auto", "no", "bf16", "fp16"):
             raise ValueError(f"train.mixed_precision must be auto|no|bf16|fp16, got {t.mixed_precision!r}")
         if self.model.prediction_type not in PREDICTION_TYPES:
@@ -154,12 +174,14 @@ class TranslatorConfig:
             raise ValueError(f"data.resolution={[H, W]} and data.num_frames={self.data.num_frames} must be divisible "
                              f"by model.patch_size={[pt, ph, pw]} (frames, height, width) in pixel space")
         m = self.model
-        if m.patch_bottleneck < 0 or m.refine_channels < 0 or m.refine_features < 0:
-            raise ValueError("model.patch_bottleneck, model.refine_channels and model.refine_features must be >= 0 "
-                             "(0 = off)")
-        if m.refine_features and not m.refine_channels:
-            raise ValueError(f"model.refine_features={m.refine_features} needs model.refine_channels > 0: the "
-                             "features feed the full-resolution conv head")
+        if m.patch_bottleneck < 0 or m.refine_channels < 0:
+            raise ValueError("model.patch_bottleneck and model.refine_channels must be >= 0 (0 = off)")
+        if m.local_affine < 0 or (m.local_affine and (ph % m.local_affine or pw % m.local_affine)):
+            raise ValueError(f"model.local_affine={m.local_affine} must divide the patch's height and width "
+                             f"(model.patch_size={[pt, ph, pw]}): it is the number of cells per patch side (0 = off)")
+        if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
+            raise ValueError(f"model.local_affine={m.local_affine} needs model.sim_residual=true and "
+                             "model.prediction_type=sample: its maps act on the residual's start")
         ov = self.sampling.overlap
         if ov is not None and not 0 < ov < self.data.num_frames:
             raise ValueError(f"sampling.overlap must be in [1, data.num_frames={self.data.num_frames}) frames "
@@ -280,8 +302,7 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
         sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
-        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, refine_features=m.refine_features,
-        local_affine=m.local_affine)
+        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, local_affine=m.local_affine)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -320,9 +341,24 @@ def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | 
                                         "w_sim": cfg.sampling.w_sim, "overlap": cfg.sampling.overlap})
 
 
+def object_pixels(sim: torch.Tensor, controls, size) -> torch.Tensor:
+    """(B, 1, *size) float mask of the twin's objects (labels >= 2) in a pixel sim condition (B, 3 + 3n, T, H, W)
+    whose ``controls`` include seg: palette colours within SEG_DECODE_TOLERANCE, grown by one pixel (H.264 blends
+    the edges, where an object's position shows), max-pooled to the latents' (t, h, w) ``size``."""
+    from comsim.twin.camera_model import SEG_DECODE_TOLERANCE, SEG_PALETTE
+
+    i = 3 + 3 * list(controls).index("seg")
+    rgb = (sim[:, i:i + 3].float() + 1) * 127.5  # [-1, 1] -> 0..255
+    objects = torch.as_tensor(SEG_PALETTE[2:], dtype=torch.float32, device=sim.device).view(1, -1, 3, 1, 1, 1)
+    near = ((rgb[:, None] - objects).square().sum(2) <= SEG_DECODE_TOLERANCE ** 2).any(1, keepdim=True).float()
+    near = F.max_pool3d(near, (1, 3, 3), stride=1, padding=(0, 1, 1))
+    return F.adaptive_max_pool3d(near, tuple(size))
+
+
 def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
-                       prediction_type: str = "velocity"):
-    """One rectified-flow loss with independent condition dropout; all draws from ``generator``."""
+                       prediction_type: str = "velocity", weight: torch.Tensor | None = None):
+    """One rectified-flow loss with independent condition dropout; all draws from ``generator``. ``weight``
+    (B, 1, T, H, W): per-pixel weights of the squared error (a weighted mean)."""
     B, dev = x0.shape[0], x0.device
     noise = torch.randn(x0.shape, generator=generator).to(dev)
     t = torch.sigmoid(cfg.logit_normal_mean + cfg.logit_normal_std * torch.randn(B, generator=generator)).to(dev)
@@ -332,9 +368,15 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
     x_t = (1 - tt) * x0 + tt * noise
     with autocast() if autocast is not None else contextlib.nullcontext():
         out = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep)
-    # The loss is on the velocity whatever the model predicts (JiT: x-prediction, v-loss).
-    v = velocity_from_output(out.float(), x_t.float(), t, prediction_type)
-    return F.mse_loss(v, (noise - x0).float())
+    if cfg.loss_target == "sample":  # the clean frame: x0 = x_t - t v for a velocity model
+        pred = out.float() if prediction_type == "sample" else x_t.float() - tt * out.float()
+        target = x0.float()
+    else:  # on the velocity whatever the model predicts (JiT: x-prediction, v-loss)
+        pred, target = velocity_from_output(out.float(), x_t.float(), t, prediction_type), (noise - x0).float()
+    if weight is None:
+        return F.mse_loss(pred, target)
+    weight = weight.float().expand_as(pred)
+    return ((pred - target).square() * weight).sum() / weight.sum()
 
 
 def find_checkpoint(output_dir: Path, resume: str | None) -> Path | None:
@@ -460,8 +502,11 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
             else:
                 with torch.no_grad():
                     x0, sim_lat = codec.encode(target), encode_condition(codec, sim)
+            weight = None
+            if tc.object_weight != 1.0:  # from the pixel sim condition (latent mode has no pixels: checked above)
+                weight = 1 + (tc.object_weight - 1) * object_pixels(sim, cfg.data.controls, x0.shape[2:])
             loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast,
-                                          cfg.model.prediction_type)
+                                      cfg.model.prediction_type, weight)
             accelerator.backward(loss)
             if accelerator.sync_gradients and tc.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
