@@ -55,7 +55,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     out = replay_dataset(lab, PANDA_PUSH_CELL, tmp_path / "paired", mode="kinematic",
                          calibration=true_calibration(tmp_path / "lab"), refine=False, log=lambda *a: None)
     paired = LeRobotDataset(out)[0]
-    assert set(paired.frames) == {"front", "front_sim", "front_sim_seg"}
+    assert set(paired.frames) == {"front", "front_sim", "front_sim_seg", "front_sim_normal"}
     # seen from the true camera, the twin's robot overlaps the lab's: the frames agree where the arm is
     from comsim.metrics.action import robot_masks_from_labels
     robot = robot_masks_from_labels(paired.frames["front_sim_seg"])

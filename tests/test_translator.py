@@ -22,7 +22,7 @@ from comsim.translator.guidance import compose, guided_velocity
 from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
-from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, fit_background_plate,
+from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, fit_on_training_pairs,
                                         flow_matching_loss, load_train_config, make_pipeline, train)
 
 torch.set_num_threads(2)
@@ -180,7 +180,7 @@ def test_background_plate_starts_at_the_real_background(tmp_path):
     train_ds, val_ds = build_datasets(cfg)
     torch.manual_seed(0)
     model = build_model(cfg, PixelCodec(), 8).eval()
-    share = fit_background_plate(model, train_ds, PixelCodec(), cfg.model.plate_frames)
+    share = fit_on_training_pairs(model, train_ds, PixelCodec(), cfg.model.plate_frames)["background"]
     assert 0.3 < share < 0.95  # the arm and the box cover the rest
     item = val_ds[0]
     real, sim = item["target"][None], item["sim"][None]
@@ -489,6 +489,46 @@ def test_object_weight_finds_the_twins_objects_in_the_label_video():
         micro_cfg("unused", "train.object_weight=10")
 
 
+def test_paste_twin_objects_draws_the_twins_cube_in_the_real_colour():
+    """paste_twin_objects: the colour map of each object label is fit on the training pairs' object pixels (shrunk
+    by one pixel); a sample with sim then shows, on the pixels the label video gives to that object, the twin's
+    render through that map, whatever the network draws; elsewhere, and without sim, the network's frame."""
+    from comsim.twin.camera_model import seg_to_rgb
+
+    labels = np.zeros((4, 16, 16), np.int32)
+    labels[:, 2:6, 2:6] = 1  # the robot: never pasted
+    labels[:, 8:13, 9:14] = 2  # the red cube
+    seg = video_to_tensor(seg_to_rgb(labels)[None])  # (1, 3, 4, 16, 16) in [-1, 1]
+    g = torch.Generator().manual_seed(0)
+    render = torch.rand(1, 3, 4, 16, 16, generator=g) * 2 - 1
+    sim = torch.cat([render, seg], dim=1)
+    A = torch.tensor([[0.5, 0.1, 0.0], [0.0, 0.7, 0.0], [0.2, 0.0, 0.4]])
+    real = torch.rand(1, 3, 4, 16, 16, generator=g) * 2 - 1
+    cube = torch.as_tensor(labels == 2)[None, None].expand_as(real)
+    real[cube] = (torch.einsum("ij,bjthw->bithw", A, render) + torch.tensor([0.1, -0.2, 0.3]).view(1, 3, 1, 1, 1))[cube]
+    kw = dict(in_channels=3, sim_channels=6, action_dim=8, num_frames=4, sample_size=(16, 16), patch_size=(1, 8, 8),
+              dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True, paste_twin_objects=True,
+              seg_channel=3)
+    model = CompositionalVideoDiT(**kw)
+    flat = lambda v: v.transpose(1, 2).flatten(0, 1)  # noqa: E731  (B, C, T, H, W) -> (B*T, C, H, W)
+    counts = model.fit_object_colours(flat(real), flat(sim), min_pixels=10)
+    assert counts[2] == 4 * 3 * 3 and counts[3] == 0  # the 5x5 cube shrunk to 3x3, in 4 frames; no blue cube
+    torch.testing.assert_close(model.object_colour[0], torch.cat([A, torch.tensor([[0.1], [-0.2], [0.3]])], 1))
+    torch.testing.assert_close(model.object_colour[1], torch.cat([torch.eye(3), torch.zeros(3, 1)], 1))  # identity
+    with torch.no_grad():
+        model.proj_out.bias.fill_(0.3)  # the network draws something else everywhere
+        x = torch.randn(2, 3, 4, 16, 16, generator=g)
+        keep = torch.tensor([True, False])
+        out = model(x, torch.tensor([500.0, 500.0]), torch.zeros(2, 4, 8), sim.expand(2, -1, -1, -1, -1), sim_keep=keep)
+    torch.testing.assert_close(out[0][cube[0]], real[0][cube[0]])  # the whole cube, its edge included
+    torch.testing.assert_close(out[0][~cube[0]], (render[0] + 0.3)[~cube[0]])
+    assert (out[1] - 0.3).abs().max() < 1e-6  # sim dropped: no twin to paste from
+    with pytest.raises(ValueError, match="paste_twin_objects needs"):
+        CompositionalVideoDiT(**{**kw, "seg_channel": -1})
+    with pytest.raises(ValueError, match=r"model.paste_twin_objects=true needs .* seg in data.controls"):
+        micro_cfg("unused", "model.prediction_type=sample", "model.sim_residual=true", "model.paste_twin_objects=true")
+
+
 def test_config_names_a_resolution_the_patch_does_not_divide():
     with pytest.raises(ValueError, match=r"data.resolution=\[100, 100\].*model.patch_size=\[1, 16, 16\]"):
         micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")
@@ -581,10 +621,12 @@ def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
     cfg = load_train_config(ROOT / "configs" / "translator" / "gpu_256.yaml", [
         f"train.output_dir={tmp_path}", "train.max_steps=1", "train.batch_size=1", "data.num_frames=2",
         "data.num_workers=0", "data.val_episodes=0", "data.synthetic.episodes=2", "data.synthetic.length=3",
-        "data.synthetic.size=256", "train.checkpointing_steps=1", "train.warmup_steps=0"])
+        "data.synthetic.size=256", "train.checkpointing_steps=1", "train.warmup_steps=0",
+        "data.controls=[]"])  # synthetic pairs have no label or normal videos
     final = train(cfg)
     pipe = TranslatorPipeline.from_pretrained(final)
     assert pipe.resolution == (256, 256) and pipe.transformer.config.dim == 512
+    assert pipe.transformer.config.local_affine == 4 and pipe.transformer.config.background_plate
     assert sum(p.numel() for p in pipe.transformer.parameters()) > 30e6
 
 

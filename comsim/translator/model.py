@@ -36,8 +36,18 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps, apply_rota
 from diffusers.models.modeling_utils import ModelMixin
 from einops import rearrange
 
+from comsim.io.keys import SEG_DECODE_TOLERANCE, SEG_PALETTE
+
 
 PREDICTION_TYPES = ("velocity", "sample")
+
+
+def twin_object_labels(seg: torch.Tensor) -> torch.Tensor:
+    """(N, L, ...) bool: the pixels of a label video ``(N, 3, ...)`` in [-1, 1] that show object label 2 + l (its
+    palette colour within SEG_DECODE_TOLERANCE); L = the palette's object labels."""
+    palette = torch.as_tensor(SEG_PALETTE[2:], dtype=torch.float32, device=seg.device) / 127.5 - 1.0
+    palette = palette.view(1, -1, 3, *([1] * (seg.dim() - 2)))
+    return (seg.float()[:, None] - palette).square().sum(2) <= (SEG_DECODE_TOLERANCE / 127.5) ** 2
 # x-prediction turns into a velocity by dividing by sigma; JiT clips sigma there so that the
 # nearly clean end of the path does not blow the loss (and the last Euler steps) up.
 MIN_SIGMA_FOR_SAMPLE = 0.05
@@ -174,6 +184,11 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             patch output from the noisy input and the sim video (see ``__init__``).
         local_affine: > 0 (with ``sim_residual``): per-pixel affine maps of the twin's full-resolution
             features, one per cell of a grid this many times finer than the tokens (see ``__init__``).
+        paste_twin_objects: with ``sim_residual`` and pixel latents whose sim condition carries the twin's
+            label video at channel ``seg_channel``: on the pixels the labels give to an object (label >= 2), a
+            sample with sim is the twin's render there, recoloured by one affine colour map per label fit on
+            the training pairs (``fit_object_colours``). A 5-px cube is what a policy learns from, and the
+            twin knows exactly where it is; learned, its edge blurs over the replay's 1-2 px misalignment.
     """
 
     _supports_gradient_checkpointing = True
@@ -203,6 +218,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         background_plate: bool = False,
         plate_tolerance: float = 0.38,
         local_affine: int = 0,
+        paste_twin_objects: bool = False,
+        seg_channel: int = -1,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -228,6 +245,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                              f"{tuple(patch_size)} needs heights and widths divisible by it (0 = off)")
         if local_affine and not sim_residual:
             raise ValueError("local_affine needs sim_residual=True: its features include the residual's start")
+        if paste_twin_objects and not (sim_residual and in_channels == 3 and in_channels <= seg_channel <= sim_channels - 3):
+            raise ValueError(f"paste_twin_objects needs sim_residual=True, pixel latents (in_channels=3, got {in_channels}) "
+                             f"and the label video's 3 channels in the sim condition (seg_channel={seg_channel} of "
+                             f"{sim_channels} sim channels)")
         patch_in = (in_channels + sim_channels + 1) * pt * ph * pw  # +1: sim presence mask
         # JiT's bottleneck patch embedding: a large pixel patch is projected to a few values first
         self.patch_embed = (nn.Sequential(nn.Linear(patch_in, patch_bottleneck), nn.Linear(patch_bottleneck, dim))
@@ -278,6 +299,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             # (C, H, W) latents, saved with the weights; zeros until fit_background_plate
             self.register_buffer("plate_sim", torch.zeros(in_channels, *sample_size))
             self.register_buffer("plate_real", torch.zeros(in_channels, *sample_size))
+        if paste_twin_objects:
+            # (labels, C, C + 1): real = A[:, :C] @ sim + A[:, C] per object label; identity until fit_object_colours
+            identity = torch.cat([torch.eye(in_channels), torch.zeros(in_channels, 1)], dim=1)
+            self.register_buffer("object_colour", identity.repeat(len(SEG_PALETTE) - 2, 1, 1))
         self._rope_cache: dict = {}
 
     @torch.no_grad()
@@ -301,6 +326,44 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         plate_real = torch.where(plate_real.isnan(), plate_sim, plate_real)
         self.plate_real.copy_(plate_real)
         return float(background.float().mean())
+
+    @torch.no_grad()
+    def fit_object_colours(self, real_latents: torch.Tensor, sim_latents: torch.Tensor, min_pixels: int = 50) -> dict:
+        """Fit each object label's affine colour map, least squares from the twin's render to the real frame, on
+        training frames ``(N, C, H, W)`` and their full sim condition ``(N, Cs, H, W)``, over the label's pixels
+        shrunk by one pixel (the replay's misalignment and H.264 blend the edge). A label with fewer than
+        ``min_pixels`` keeps the identity. Returns {label: pixels fit on}."""
+        if not self.config.paste_twin_objects:
+            raise ValueError("fit_object_colours: this model has paste_twin_objects=False")
+        C = self.config.in_channels
+        real, sim = real_latents.float().cpu(), sim_latents.float().cpu()
+        i = self.config.seg_channel
+        labels = twin_object_labels(sim[:, i:i + 3])  # (N, L, H, W)
+        inner = ~F.max_pool2d((~labels).float(), 3, stride=1, padding=1).bool()
+        counts = {}
+        for i in range(labels.shape[1]):
+            m = inner[:, i]
+            counts[i + 2] = int(m.sum())
+            if counts[i + 2] < min_pixels:
+                continue
+            x = torch.cat([sim[:, :C].permute(0, 2, 3, 1)[m], torch.ones(counts[i + 2], 1)], dim=1)  # (n, C + 1)
+            y = real.permute(0, 2, 3, 1)[m]  # (n, C)
+            self.object_colour[i].copy_(torch.linalg.lstsq(x.double(), y.double()).solution.T.float())
+        return counts
+
+    def _paste_twin_objects(self, x, sim_latents, sim_keep):
+        """x (B, C, T, H, W) with each object label's pixels replaced by its colour map of the twin's render,
+        in the samples whose sim is kept."""
+        C = self.config.in_channels
+        i = self.config.seg_channel
+        labels = twin_object_labels(sim_latents[:, i:i + 3]) & sim_keep.view(-1, 1, 1, 1, 1)  # (B, L, T, H, W)
+        render = sim_latents[:, :C].to(x.dtype)
+        A = self.object_colour.to(x.dtype)
+        for i in range(labels.shape[1]):
+            if labels[:, i].any():
+                recoloured = torch.einsum("ij,bjthw->bithw", A[i, :, :C], render) + A[i, :, C].view(1, C, 1, 1, 1)
+                x = torch.where(labels[:, i:i + 1], recoloured, x)
+        return x
 
     def shows_backdrop(self, sim_latents: torch.Tensor) -> torch.Tensor:
         """True where sim latents ``(N, C, ...)`` are within ``plate_tolerance`` of the twin's plate (dim 1 kept)."""
@@ -381,7 +444,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         ones = torch.ones(B, dtype=torch.bool, device=noisy_latents.device)
         action_keep = ones if action_keep is None else action_keep.to(noisy_latents.device).bool()
         sim_keep = ones if sim_keep is None else sim_keep.to(noisy_latents.device).bool()
-        dtype = self.proj_out.weight.dtype
+        dtype = self.ada_out.weight.dtype
 
         # sim condition: zeros + mask 0 when dropped; channel concat with the noisy latents
         sk = sim_keep.view(B, 1, 1, 1, 1).to(noisy_latents.dtype)
@@ -421,4 +484,6 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             x = x + start.to(x.dtype)
             if self.affine_proj is not None:
                 x = x + self._local_affine(h_out, start, sim_latents * sk, (Tt, Ht, Wt))
+            if c.paste_twin_objects:
+                x = self._paste_twin_objects(x, sim_latents, sim_keep)
         return x

@@ -33,7 +33,7 @@ from comsim.metrics.frame import mean_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, split_episodes)
-from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, velocity_from_output
+from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, twin_object_labels, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
 
@@ -55,6 +55,8 @@ class ModelConfig:
     patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
     refine_channels: int = 0  # > 0: full-resolution conv head over (x0 so far, noisy input, sim)
     local_affine: int = 0  # > 0: per-pixel affine maps of the twin's features, on a grid this much finer than tokens
+    # the twin's objects (labels >= 2 of the seg control) drawn as its render, recoloured per label (pixel codec)
+    paste_twin_objects: bool = False
     background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
     plate_tolerance: float = 0.38  # latent units summed over channels (0.38: 48 grey levels in pixel space)
     plate_frames: int = 512  # training frames the plates are fit on (evenly spread)
@@ -179,6 +181,10 @@ class TranslatorConfig:
         if m.local_affine < 0 or (m.local_affine and (ph % m.local_affine or pw % m.local_affine)):
             raise ValueError(f"model.local_affine={m.local_affine} must divide the patch's height and width "
                              f"(model.patch_size={[pt, ph, pw]}): it is the number of cells per patch side (0 = off)")
+        if m.paste_twin_objects and not (m.sim_residual and self.codec.type == "pixel" and "seg" in self.data.controls):
+            raise ValueError("model.paste_twin_objects=true needs model.sim_residual=true, codec.type=pixel and seg in "
+                             f"data.controls (got {m.sim_residual}, {self.codec.type!r}, {list(self.data.controls)}): "
+                             "the objects are found by the twin's labels and recoloured in pixel space")
         if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
             raise ValueError(f"model.local_affine={m.local_affine} needs model.sim_residual=true and "
                              "model.prediction_type=sample: its maps act on the residual's start")
@@ -302,17 +308,20 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
         sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
-        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, local_affine=m.local_affine)
+        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, local_affine=m.local_affine,
+        paste_twin_objects=m.paste_twin_objects,
+        seg_channel=codec.latent_channels + 3 * list(cfg.data.controls).index("seg") if m.paste_twin_objects else -1)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
 
 
 @torch.no_grad()
-def fit_background_plate(model: CompositionalVideoDiT, train_ds: PairedWindowDataset, codec, max_frames: int,
-                         device="cpu") -> float:
-    """Fit the model's background plates on about ``max_frames`` training frames: every frame of evenly spaced
-    non-overlapping windows of the training episodes (deterministic)."""
+def fit_on_training_pairs(model: CompositionalVideoDiT, train_ds: PairedWindowDataset, codec, max_frames: int,
+                          device="cpu") -> dict:
+    """Fit what the model takes from the training pairs before training (its background plates, its objects'
+    colour maps) on about ``max_frames`` training frames: every frame of evenly spaced non-overlapping windows of
+    the training episodes (deterministic). Returns the plate's background share and the object pixels fit on."""
     T = train_ds.num_frames
     windows = [i for i, (_, _, t) in enumerate(train_ds.index) if t % T == 0]
     windows = windows[::max(1, -(-len(windows) * T // max_frames))]
@@ -321,10 +330,16 @@ def fit_background_plate(model: CompositionalVideoDiT, train_ds: PairedWindowDat
     for i in windows:
         item = train_ds[i]
         z_real = codec.encode(item["target"][None].to(device))
-        z_sim = encode_condition(codec, item["sim"][None].to(device))[:, :C]
+        z_sim = encode_condition(codec, item["sim"][None].to(device))
         real.append(z_real.transpose(1, 2).flatten(0, 1))  # (B, C, T, h, w) -> (B*T, C, h, w)
         sim.append(z_sim.transpose(1, 2).flatten(0, 1))
-    return model.fit_background_plate(torch.cat(real), torch.cat(sim))
+    real, sim = torch.cat(real), torch.cat(sim)
+    fitted = {}
+    if model.config.background_plate:
+        fitted["background"] = model.fit_background_plate(real, sim[:, :C])
+    if model.config.paste_twin_objects:
+        fitted["object_pixels"] = model.fit_object_colours(real, sim)
+    return fitted
 
 
 def build_scheduler(cfg: TranslatorConfig):
@@ -343,14 +358,10 @@ def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | 
 
 def object_pixels(sim: torch.Tensor, controls, size) -> torch.Tensor:
     """(B, 1, *size) float mask of the twin's objects (labels >= 2) in a pixel sim condition (B, 3 + 3n, T, H, W)
-    whose ``controls`` include seg: palette colours within SEG_DECODE_TOLERANCE, grown by one pixel (H.264 blends
-    the edges, where an object's position shows), max-pooled to the latents' (t, h, w) ``size``."""
-    from comsim.twin.camera_model import SEG_DECODE_TOLERANCE, SEG_PALETTE
-
+    whose ``controls`` include seg, grown by one pixel (H.264 blends the edges, where an object's position shows),
+    max-pooled to the latents' (t, h, w) ``size``."""
     i = 3 + 3 * list(controls).index("seg")
-    rgb = (sim[:, i:i + 3].float() + 1) * 127.5  # [-1, 1] -> 0..255
-    objects = torch.as_tensor(SEG_PALETTE[2:], dtype=torch.float32, device=sim.device).view(1, -1, 3, 1, 1, 1)
-    near = ((rgb[:, None] - objects).square().sum(2) <= SEG_DECODE_TOLERANCE ** 2).any(1, keepdim=True).float()
+    near = twin_object_labels(sim[:, i:i + 3]).any(1, keepdim=True).float()
     near = F.max_pool3d(near, (1, 3, 3), stride=1, padding=(0, 1, 1))
     return F.adaptive_max_pool3d(near, tuple(size))
 
@@ -433,9 +444,13 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
     train_ds, val_ds = build_datasets(cfg, sources)
     normalizer = train_ds.normalizer
     model = build_model(cfg, codec, normalizer.dim)
-    if cfg.model.background_plate and checkpoint is None:  # a resumed run loads its plates with the weights
-        share = fit_background_plate(model, train_ds, codec, cfg.model.plate_frames, dev)
-        accelerator.print(f"background plate: fit on the training pairs, {share:.0%} of their pixels are background")
+    if (cfg.model.background_plate or cfg.model.paste_twin_objects) and checkpoint is None:  # a resumed run loads them
+        fitted = fit_on_training_pairs(model, train_ds, codec, cfg.model.plate_frames, dev)
+        if "background" in fitted:
+            accelerator.print(f"background plate: fit on the training pairs, {fitted['background']:.0%} of their "
+                              "pixels are background")
+        if "object_pixels" in fitted:
+            accelerator.print(f"object colour maps: fit on the training pairs' object pixels {fitted['object_pixels']}")
     fps = float(getattr(train_ds.sources[0], "fps", 10.0))
     cfg_json = json.loads(json.dumps(to_dict(cfg)))
     if accelerator.is_main_process:

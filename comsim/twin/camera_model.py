@@ -13,17 +13,12 @@ import copy
 import cv2
 import numpy as np
 
+from comsim.io.keys import SEG_DECODE_TOLERANCE, SEG_PALETTE  # noqa: F401 (the label video's encoding)
 from comsim.sim.camera import as_K
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
 from comsim.sim.spec import CameraSpec, SceneSpec
 
-SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 40, 40], [40, 90, 230], [40, 200, 60], [230, 200, 30],
-                        [200, 40, 200], [30, 200, 200], [240, 130, 20], [130, 70, 20]], np.uint8)
-# RGB distance within which a decoded pixel is its palette colour for certain. In the lab's label videos the
-# background and robot decode within 3 and 12 of theirs (99th percentile), the edge blends nearest to label 9 (no
-# such object) 40-110 away (median 60) (bench/fidelity.py RUN --decode-stats 3, the first 3 lab pairs).
-SEG_DECODE_TOLERANCE = 32
 DEPTH_MAX_M = 2.55  # depth video: 1 grey level per cm, 0..2.55 m
 
 
