@@ -337,8 +337,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             raise ValueError("fit_object_colours: this model has paste_twin_objects=False")
         C = self.config.in_channels
         real, sim = real_latents.float().cpu(), sim_latents.float().cpu()
-        i = self.config.seg_channel
-        labels = twin_object_labels(sim[:, i:i + 3])  # (N, L, H, W)
+        s = self.config.seg_channel
+        labels = twin_object_labels(sim[:, s:s + 3])  # (N, L, H, W)
         inner = ~F.max_pool2d((~labels).float(), 3, stride=1, padding=1).bool()
         counts = {}
         for i in range(labels.shape[1]):
@@ -355,8 +355,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         """x (B, C, T, H, W) with each object label's pixels replaced by its colour map of the twin's render,
         in the samples whose sim is kept."""
         C = self.config.in_channels
-        i = self.config.seg_channel
-        labels = twin_object_labels(sim_latents[:, i:i + 3]) & sim_keep.view(-1, 1, 1, 1, 1)  # (B, L, T, H, W)
+        s = self.config.seg_channel
+        labels = twin_object_labels(sim_latents[:, s:s + 3]) & sim_keep.view(-1, 1, 1, 1, 1)  # (B, L, T, H, W)
         render = sim_latents[:, :C].to(x.dtype)
         A = self.object_colour.to(x.dtype)
         for i in range(labels.shape[1]):
