@@ -1,17 +1,22 @@
-"""Object fidelity of everything a run folder holds, with the colour models its metrics stage uses.
+"""Object fidelity of everything a run folder holds, with the object locator its metrics stage uses.
 
     .venv/bin/python bench/fidelity.py runs/lab_table
 
-The colour models are fit as `comsim demo`'s video-metrics stage fits them: on the real frames of the
+The locator is fit as `comsim demo`'s video-metrics stage fits it: on the real frames of the
 paired episodes the translator trained on (the held-out ones left out), at the translator's resolution.
 Then every dataset of the run with the twin's labels (``<camera>_sim_seg``) is scored
 (``comsim.metrics.fidelity.object_fidelity``), its camera's frames, or the sim render where it has none:
-- the held-out pairs: ``real`` (the estimator's ceiling: the lab's frames against the twin's replay),
+- the held-out pairs: ``real`` (the locator's ceiling: the lab's frames against the twin's replay),
   ``sim_only`` (the raw twin render: what a translator that moved nothing would score), ``pseudo``;
 - the demo's factory episodes and their conversion (in- and out-of-distribution layouts);
 - the policy experiment's datasets under ``policy/data`` (the sim episodes' renders, their conversion).
 Per part: the fraction of (object, frame) pairs within 2 px, the same per object label (2 + i: object i
 of the twin), the median error and the robot's IoU. The last line is one JSON object.
+
+A negative control shows that the locator needs the object drawn, not just a scene around it:
+``*:objects_erased`` scores the held-out real frames and the converted factory frames with every object's
+pixels (grown by 1 px, the robot's left alone) painted over with that frame's median table colour; those
+objects should be found (within 2 px) in few frames.
 
 ``--decode-stats N`` adds, for the label videos of the first N paired episodes, how far each decoded pixel
 is from its nearest palette colour, per nearest label (percentiles 50/90/99): what
@@ -21,6 +26,9 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+from scipy import ndimage
+
 from comsim.demo import _heldout_indices
 from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
@@ -28,21 +36,29 @@ from comsim.metrics.fidelity import fit_fidelity_model, labels_from_palette, obj
 from comsim.run_layout import RunLayout
 
 
-def score(path: Path, image_key: str, camera: str, model) -> dict:
+def erase_objects(frames: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """``frames`` with every object's pixels (labels >= 2, grown by 1 px, never onto the robot) painted over
+    with the frame's median background colour."""
+    grown = ndimage.binary_dilation(labels >= 2, np.ones((1, 3, 3), bool)) & (labels != 1)
+    out = frames.copy()
+    for t in range(len(frames)):
+        out[t][grown[t]] = np.median(frames[t][labels[t] == 0], axis=0).astype(np.uint8)
+    return out
+
+
+def score(path: Path, image_key: str, camera: str, model, erased: bool = False) -> dict:
     ds = LeRobotDataset(path)
     results = []
     for e in range(len(ds)):
         ep = ds.read_episode(e, cameras=[image_key, seg_key(camera)])
         frames = ep.frames[image_key]
-        results.append(object_fidelity(frames, labels_from_palette(ep.frames[seg_key(camera)], frames.shape[1:3]),
-                                       model))
+        labels = labels_from_palette(ep.frames[seg_key(camera)], frames.shape[1:3])
+        results.append(object_fidelity(erase_objects(frames, labels) if erased else frames, labels, model))
     return pool(results)
 
 
 def decode_stats(paired, camera: str, episodes: int) -> dict:
     """Per nearest palette label: pixels, and the percentiles of their RGB distance to that colour."""
-    import numpy as np
-
     from comsim.twin.camera_model import SEG_PALETTE
 
     raw = np.concatenate([paired.read_episode(e, cameras=[seg_key(camera)]).frames[seg_key(camera)]
@@ -64,7 +80,8 @@ def main():
     paired = LeRobotDataset(run.paired)
     held = _heldout_indices(run.paired)
     size = paired.read_episode(0, cameras=[cam]).frames[cam].shape[1:3]
-    model = fit_fidelity_model(paired, cam, [e for e in range(len(paired)) if e not in held], size)
+    model = fit_fidelity_model(paired, cam, [e for e in range(len(paired)) if e not in held], size, progress=True)
+    print("locator:", model.describe(), flush=True)
     parts = {f"heldout_{k}": run.heldout_part(k) for k in ("real", "sim_only", "pseudo")}
     parts.update(factory_sim_id=run.sim, factory_sim_ood=run.sim_ood, factory_pseudo_real_id=run.pseudo_real,
                  factory_pseudo_real_ood=run.pseudo_real_ood)
@@ -85,6 +102,9 @@ def main():
         if key in keys:
             out[f"{name}:{key}"] = score(Path(path), key, cam, model)
             print(name, key, json.dumps(out[f"{name}:{key}"]), flush=True)
+            if name in ("heldout_real", "factory_pseudo_real_id", "factory_pseudo_real_ood"):
+                out[f"{name}:objects_erased"] = score(Path(path), key, cam, model, erased=True)
+                print(name, "objects_erased", json.dumps(out[f"{name}:objects_erased"]), flush=True)
     print(json.dumps(out))
 
 

@@ -208,17 +208,19 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
 
 def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict | None:
     """Object fidelity (comsim.metrics.fidelity) of the generated held-out episodes against the twin's labels,
-    and of their REAL frames (the estimator's ceiling); colour models fit on training episodes' real frames."""
-    from comsim.metrics.fidelity import FidelityModel, labels_from_palette, object_fidelity, pool
+    and of their REAL frames (the locator's ceiling); the locator is fit on training episodes' real frames."""
+    from comsim.metrics.fidelity import fit_locator, labels_from_palette, object_fidelity, pool
 
     labelled = labelled_training_episodes(cfg, fit_episodes)
     if labelled is None:
         return None
     cam, res, seg_key, sources, fit = labelled
-    model = FidelityModel()
+    frames, fit_labels = [], []
     for s, e in fit:
         ep = sources[s].read_episode(e, cameras=[cam, seg_key])
-        model.update(resize_frames(ep.frames[cam], res), labels_from_palette(ep.frames[seg_key], res))
+        frames.append(resize_frames(ep.frames[cam], res))
+        fit_labels.append(labels_from_palette(ep.frames[seg_key], res))
+    model = fit_locator(np.concatenate(frames), np.concatenate(fit_labels))
     labels = []
     for ep in episodes:
         w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[seg_key])

@@ -249,8 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--max-episodes", type=int, default=None)
     v.add_argument("--fidelity-fit", default=None, metavar="PAIRED",
                    help="object fidelity of --pred (its CAM frames against its own CAM_sim_seg twin labels: a "
-                        "converted factory dataset generated with --controls seg), with colour models fit on the "
-                        "real frames of this paired dataset (a twin replay)")
+                        "converted factory dataset generated with --controls seg), with the object locator fit on "
+                        "the real frames of this paired dataset (a twin replay)")
     v.add_argument("--device", default="cpu")
     v.add_argument("--out", default=None, help="also write the report here (indented JSON)")
     v.set_defaults(func=_eval_video)

@@ -260,8 +260,9 @@ def _object_fidelity(rep: Report, doc, names: dict[int, str]) -> None:
         for lab, o in (r.get("objects") or {}).items():
             if isinstance(o, dict) and isinstance(o.get("within"), (int, float)):
                 rows[-1][f"{names.get(int(lab), f'object {lab}')} within 2 px"] = f"{100 * o['within']:.0f}%"
-    rep.table(rows, caption="object fidelity: each object located by colour near where the twin put it, and the "
-                            "robot's IoU with the twin's mask; the real lab frames are the estimator's ceiling")
+    rep.table(rows, caption="object fidelity: each object located near where the twin put it by a per-pixel classifier "
+                            "fit on real lab frames, and the robot's IoU with the twin's mask; the real lab frames "
+                            "are the locator's ceiling")
 
 
 # -- convert ------------------------------------------------------------------------------------
