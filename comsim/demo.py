@@ -271,7 +271,7 @@ def _metrics(model_dir: Path, run: RunLayout, converted: dict) -> dict:
     result = {"pseudo_real_vs_real": evaluate_video(pseudo_dir, real_dir, **opts),
               "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
     # the locator is fit on the training pairs' real frames only (never the held-out or generated ones)
-    model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W))
+    model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W), progress=True)
     fidelity = {"heldout_real (locator ceiling)": evaluate_object_fidelity(real_dir, model, cam),
                 "heldout_pseudo_real": evaluate_object_fidelity(pseudo_dir, model, cam)}
     for split, path in converted.items():

@@ -622,7 +622,7 @@ def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
         f"train.output_dir={tmp_path}", "train.max_steps=1", "train.batch_size=1", "data.num_frames=2",
         "data.num_workers=0", "data.val_episodes=0", "data.synthetic.episodes=2", "data.synthetic.length=3",
         "data.synthetic.size=256", "train.checkpointing_steps=1", "train.warmup_steps=0",
-        "data.controls=[]"])  # synthetic pairs have no label or normal videos
+        "data.controls=[]", "model.paste_twin_objects=false"])  # synthetic pairs have no label or normal videos
     final = train(cfg)
     pipe = TranslatorPipeline.from_pretrained(final)
     assert pipe.resolution == (256, 256) and pipe.transformer.config.dim == 512
