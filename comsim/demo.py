@@ -31,6 +31,7 @@ from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import atomic_output
 from comsim.report.run import build_report
 from comsim.run_layout import CONVERT, FACTORY, LAB_RECORD, POLICY, TRANSLATOR, TWIN, VIDEO_METRICS, RunLayout
+from comsim.workers import torch_threads
 
 
 @dataclass
@@ -128,8 +129,9 @@ def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path |
         step(FACTORY, lambda: _generate(run.sim, run.sim_ood, p, run.paired / "twin_aligned.yaml"), needs=[TWIN])
         step(CONVERT, lambda: _convert(model_dir, [(run.sim, run.pseudo_real), (run.sim_ood, run.pseudo_real_ood)]),
              needs=[TRANSLATOR, FACTORY])
-    step(VIDEO_METRICS, lambda: _metrics(model_dir, run, {"id": run.pseudo_real, "ood": run.pseudo_real_ood}),
-         needs=[TRANSLATOR, CONVERT] if p.sim_episodes else [TRANSLATOR])
+    with torch_threads(1):  # the same numbers after the convert stage (which sets 1) as in a rerun that resumes here
+        step(VIDEO_METRICS, lambda: _metrics(model_dir, run, {"id": run.pseudo_real, "ood": run.pseudo_real_ood}),
+             needs=[TRANSLATOR, CONVERT] if p.sim_episodes else [TRANSLATOR])
     step(POLICY, lambda: _policy(p, run), needs=[LAB_RECORD])
     stages = {"profile": profile_name, "cell": p.cell or "built-in lab", "twin": p.twin, "timings": timings,
               "failures": failures}

@@ -109,3 +109,21 @@ def test_locator_fit_is_seeded_and_leaves_the_callers_rng_alone():
 def test_bad_locator_config_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"LocatorConfig.{field}"):
         LocatorConfig(**{field: value})
+
+
+def test_locator_fit_does_not_depend_on_the_callers_thread_count():
+    """A stage that runs after `comsim convert` (1 thread) and the same stage resumed alone (the machine's
+    default) fit the same locator: it runs with its own LocatorConfig.threads and gives the count back."""
+    import torch
+
+    frames, labels = scene()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = fit_locator(frames, labels, TINY).probability(frames)
+        torch.set_num_threads(2)
+        b = fit_locator(frames, labels, TINY).probability(frames)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    np.testing.assert_array_equal(a, b)

@@ -32,6 +32,7 @@ from scipy import ndimage
 
 from comsim.io.keys import seg_key
 from comsim.metrics.action import ROBOT_LABEL, mask_iou
+from comsim.workers import torch_threads
 
 WITHIN_PX = 2.0
 MIN_VISIBLE_PX = 4
@@ -69,9 +70,10 @@ class LocatorConfig:
     crop: int = 32  # px; half of the crops are centred (+-8 px) on an object pixel, half anywhere
     lr: float = 3e-3
     seed: int = 0
+    threads: int = 1  # fixed: the fit must not depend on the machine's cores or on what ran before it
 
     def __post_init__(self):
-        for name in ("width", "depth", "steps", "batch", "crop"):
+        for name in ("width", "depth", "steps", "batch", "crop", "threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"LocatorConfig.{name}: expected a positive integer, got {getattr(self, name)!r}")
         if not self.lr > 0:
@@ -114,21 +116,22 @@ class PixelLocator:
         rng = np.random.default_rng(cfg.seed)
         opt = torch.optim.Adam(self.net.parameters(), cfg.lr)
         self.net.train()
-        for _ in tqdm(range(cfg.steps), desc="object locator", disable=not progress):
-            xs, ys = [], []
-            for b in range(cfg.batch):
-                if b % 2 == 0 and len(object_px):
-                    t, cy, cx = object_px[rng.integers(len(object_px))]
-                    y0 = int(np.clip(cy - crop_h // 2 + rng.integers(-8, 9), 0, H - crop_h))
-                    x0 = int(np.clip(cx - crop_w // 2 + rng.integers(-8, 9), 0, W - crop_w))
-                else:
-                    t, y0, x0 = rng.integers(T), rng.integers(H - crop_h + 1), rng.integers(W - crop_w + 1)
-                xs.append(x[t, :, y0:y0 + crop_h, x0:x0 + crop_w])
-                ys.append(y[t, y0:y0 + crop_h, x0:x0 + crop_w])
-            loss = F.cross_entropy(self.net(torch.stack(xs)), torch.stack(ys), weight=weight)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+        with torch_threads(cfg.threads):
+            for _ in tqdm(range(cfg.steps), desc="object locator", disable=not progress):
+                xs, ys = [], []
+                for b in range(cfg.batch):
+                    if b % 2 == 0 and len(object_px):
+                        t, cy, cx = object_px[rng.integers(len(object_px))]
+                        y0 = int(np.clip(cy - crop_h // 2 + rng.integers(-8, 9), 0, H - crop_h))
+                        x0 = int(np.clip(cx - crop_w // 2 + rng.integers(-8, 9), 0, W - crop_w))
+                    else:
+                        t, y0, x0 = rng.integers(T), rng.integers(H - crop_h + 1), rng.integers(W - crop_w + 1)
+                    xs.append(x[t, :, y0:y0 + crop_h, x0:x0 + crop_w])
+                    ys.append(y[t, y0:y0 + crop_h, x0:x0 + crop_w])
+                loss = F.cross_entropy(self.net(torch.stack(xs)), torch.stack(ys), weight=weight)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
         self.net.eval()
         self.fit_frames += T
         return self
@@ -138,7 +141,7 @@ class PixelLocator:
         import torch
 
         out = []
-        with torch.no_grad():
+        with torch.no_grad(), torch_threads(self.config.threads):
             for i in range(0, len(frames), batch):
                 x = torch.from_numpy(np.ascontiguousarray(frames[i:i + batch])).permute(0, 3, 1, 2).float()
                 out.append(torch.softmax(self.net(x / 127.5 - 1), 1).numpy())
