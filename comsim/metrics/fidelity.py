@@ -10,7 +10,7 @@ So the question "is the cube there?" has an answer without a real video:
   generated ones, for a fixed number of steps from a fixed seed. Colour alone is not enough at 128 px:
   the lab's dark wood grain and the arm's shadow have the red cube's colours, so near the gripper a
   colour histogram P(object | RGB) joins the shadow to the cube (it locates the cubes of real held-out
-  frames within 2 px in 86% of frames, this locator in 92%; ``configs/translator/tiny_lab.yaml``).
+  frames within 2 px in 86% of frames, this locator in 91%; ``configs/translator/tiny_lab.yaml``).
 - **objects**: in a window of +-6 px (at 128 px; ``search_radius``) around the twin's centroid of the
   object, the connected component of ``P > 0.5`` with the most probability mass is the located object,
   and its centroid is compared with the twin's. An object drawn farther away than the window, or not
@@ -59,9 +59,10 @@ def labels_from_palette(seg_frames: np.ndarray, size: tuple[int, int] | None = N
 
 @dataclass
 class LocatorConfig:
-    """The per-pixel classifier and its fit. On the lab's held-out real frames (the demo's 5 held-out pairs, fit on
-    the other 8) the cubes were within 2 px of the twin in 85% of frames with width 16 / depth 4 / 600 steps, 90%
-    with 32 / 5 / 1500, 92% with these."""
+    """The per-pixel classifier and its fit. On the lab's held-out real frames (the demo's 2 held-out pairs, fit on
+    the other 8) the cubes were within 2 px of the twin in 85% of frames with width 16 / depth 4 / 600 steps and 90%
+    with 32 / 5 / 1500 (one fit each, a prototype of this fit with another crop RNG), 91% with these (``make demo``);
+    fits with other seeds move it by about 2 points."""
 
     width: int = 32  # channels of every conv layer
     depth: int = 5  # 3x3 conv layers: the receptive field is 2 * depth + 1 px
