@@ -117,15 +117,16 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
     from comsim.episode import Episode
     from comsim.io.lerobot import LeRobotDataset
     from comsim.translator.pipeline import TranslatorPipeline, sampling_defaults
+    from comsim.translator.sampling import SamplingParams
 
     model = model or tiny_translator(tmp / "tiny", config)
-    own = sampling_defaults(model)
-    steps = steps or own["num_steps"]
+    sampling = SamplingParams(num_steps=steps).resolved(sampling_defaults(model))
     small = _subset(sim, episodes, tmp / "sim_subset")
-    args = dict(w_action=own["w_action"], w_sim=own["w_sim"], steps=steps, strength=1.0, seed=0, precision=precision)
+    args = dict(sampling=sampling, seed=0, precision=precision)
     meta = TranslatorPipeline.from_pretrained(model).info()
     out = {"translator": str(model) if model != tmp / "tiny" else f"{config}, random init (timing only)",
-           "resolution": meta["resolution"], "steps": steps, "w_action": args["w_action"], "w_sim": args["w_sim"],
+           "resolution": meta["resolution"], "steps": sampling.num_steps, "w_action": sampling.w_action,
+           "w_sim": sampling.w_sim,
            "precision": precision,
            "load": load()}
     for n in sorted({1, workers}):
@@ -150,7 +151,7 @@ def bench_conversion(sim: Path, tmp: Path, episodes: int, steps: int | None, lin
                        action=np.concatenate([e.action[:L] for e in parts]),
                        state=np.concatenate([e.state[:L] for e in parts]), fps=ds.fps, provenance=parts[0].provenance)
 
-    g = {"w_action": 1.0, "w_sim": 1.0, "steps": lin_steps, "strength": 1.0, "overlap": None, "precision": precision}
+    g = {**SamplingParams(num_steps=lin_steps, w_action=1.0, w_sim=1.0).to_dict(), "precision": precision}
     convert_episode(pipe, cut(eps[:1]), 0, 0, g, "bench")  # warm-up
     wall, cpu = {"L": [], "4L": []}, {"L": [], "4L": []}
     for _ in range(repeats):  # alternate, so that drifts in the machine's load hit both

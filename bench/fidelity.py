@@ -20,7 +20,7 @@ objects should be found (within 2 px) in few frames.
 
 ``--decode-stats N`` adds, for the label videos of the first N paired episodes, how far each decoded pixel
 is from its nearest palette colour, per nearest label (percentiles 50/90/99): what
-``comsim.twin.camera_model.SEG_DECODE_TOLERANCE`` is chosen from.
+``comsim.io.labels.SEG_DECODE_TOLERANCE`` is chosen from.
 """
 import argparse
 import json
@@ -29,10 +29,11 @@ from pathlib import Path
 import numpy as np
 from scipy import ndimage
 
-from comsim.demo import _heldout_indices
+from comsim.pipeline.stages import heldout_indices
 from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
-from comsim.metrics.fidelity import fit_fidelity_model, labels_from_palette, object_fidelity, pool
+from comsim.io.labels import labels_from_palette
+from comsim.metrics.fidelity import fit_fidelity_model, object_fidelity, pool
 from comsim.run_layout import RunLayout
 
 
@@ -59,7 +60,7 @@ def score(path: Path, image_key: str, camera: str, model, erased: bool = False) 
 
 def decode_stats(paired, camera: str, episodes: int) -> dict:
     """Per nearest palette label: pixels, and the percentiles of their RGB distance to that colour."""
-    from comsim.twin.camera_model import SEG_PALETTE
+    from comsim.io.labels import SEG_PALETTE
 
     raw = np.concatenate([paired.read_episode(e, cameras=[seg_key(camera)]).frames[seg_key(camera)]
                           for e in range(min(episodes, len(paired)))])
@@ -78,7 +79,7 @@ def main():
     a = p.parse_args()
     run, cam = RunLayout(a.run_dir), a.camera
     paired = LeRobotDataset(run.paired)
-    held = _heldout_indices(run.paired)
+    held = heldout_indices(run.paired)
     size = paired.read_episode(0, cameras=[cam]).frames[cam].shape[1:3]
     model = fit_fidelity_model(paired, cam, [e for e in range(len(paired)) if e not in held], size, progress=True)
     print("locator:", model.describe(), flush=True)

@@ -2,7 +2,7 @@
 
     MUJOCO_GL=egl python bench/lab_step.py --experiment configs/experiments/lab_table.yaml --frames 300
 
-Runs the lab push task as ``comsim.policy.rollout`` does (reset, then one action, one
+Runs the lab push task as ``comsim.lab.rollout`` does (reset, then one action, one
 physics hold and one observation per frame) with the experiment's policy freshly
 initialised (its weights do not change the cost), and times each part of a frame:
 the policy's ``select_action``, the physics (``Scene.step`` for one frame), the shadowed
@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
 
     from comsim.lab import LabEnv
     from comsim.lab.cell import load_lab_cell
-    from comsim.policy.experiment import load_experiment
+    from comsim.pipeline.experiment import load_experiment
     from comsim.policy.config import policy_config
     from comsim.policy.policies import make_policy
 

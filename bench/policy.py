@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     import torch
 
     from comsim.config import ConfigError
-    from comsim.policy.experiment import arm_with_data, load_experiment, run_arm
+    from comsim.pipeline.experiment import arm_with_data, load_experiment, run_arm
     try:
         cfg = load_experiment(args.experiment, args.overrides)
         arm = arm_with_data(cfg, args.arm)

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from comsim.config import ConfigError
     from comsim.policy import training
     from comsim.policy.data import MixtureDataset
-    from comsim.policy.experiment import arm_run, arm_with_data, load_experiment
+    from comsim.pipeline.experiment import arm_run, arm_with_data, load_experiment
     from comsim.policy.policies import make_policy
     try:
         cfg = load_experiment(args.experiment, args.overrides)

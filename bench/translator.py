@@ -2,7 +2,7 @@
 
     python bench/translator.py                       # synthetic pairs, trains configs/translator/tiny.yaml
     python bench/translator.py --data data/lab_pairs # paired LeRobot dataset(s) (cam + cam_sim), first = held out
-    python bench/translator.py --data lab            # lab pairs: `comsim twin lab-pairs` into --pairs (if missing)
+    python bench/translator.py --data lab            # lab pairs: `comsim lab pairs` into --pairs (if missing)
     python bench/translator.py --model runs/translator-tiny/final   # skip training
 
 On the HELD-OUT episodes (the config's data.val_episodes) it reports PSNR against the real
@@ -51,6 +51,7 @@ from comsim.io.keys import seg_key as seg_key_of, sim_key
 from comsim.metrics.action import mask_iou, robot_masks_from_labels
 from comsim.metrics.frame import mean_psnr
 from comsim.translator.pipeline import TranslatorPipeline
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.synthetic import action_consistency
 from comsim.translator.training import build_datasets, load_train_config, train
 
@@ -82,7 +83,7 @@ def lab_pairs(pairs_dir: Path, args) -> list[str]:
     there, never in this process, which has imported the translator) if missing."""
     manifest = pairs_dir / "pairs.json"
     if not manifest.is_file():
-        cmd = [sys.executable, "-m", "comsim.cli", "twin", "lab-pairs", "--out", str(pairs_dir),
+        cmd = [sys.executable, "-m", "comsim.cli", "lab", "pairs", "--out", str(pairs_dir),
                "--push", str(args.push), "--stack", str(args.stack), "--seed", str(args.pairs_seed),
                "--mode", args.mode]
         print("making lab pairs:", " ".join(cmd), flush=True)
@@ -167,8 +168,8 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
             j = partner[i]
             other = episodes[j]
             n = min(ep["n"], other["n"])
-            gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i,
-                       controls=first_frames(ep["controls"], n))
+            gen = pipe(ep["sim"][:n], other["action"][:n], SamplingParams(n_steps, w_action=wa, w_sim=0.0),
+                       seed=100 + i, controls=first_frames(ep["controls"], n))
             got.append(ious(model.predict(gen), masks[j][:n]))
             own.append(ious(model.predict(gen), masks[i][:n]))  # where episode i's robot was
         result[f"w_action={wa:g}"] = {"iou": mean(got, 0), "iou_moving": mean(got, 1),
@@ -209,7 +210,8 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
 def held_out_fidelity(cfg, episodes, gens: dict, fit_episodes: int = 8) -> dict | None:
     """Object fidelity (comsim.metrics.fidelity) of the generated held-out episodes against the twin's labels,
     and of their REAL frames (the locator's ceiling); the locator is fit on training episodes' real frames."""
-    from comsim.metrics.fidelity import fit_locator, labels_from_palette, object_fidelity, pool
+    from comsim.io.labels import labels_from_palette
+    from comsim.metrics.fidelity import fit_locator, object_fidelity, pool
 
     labelled = labelled_training_episodes(cfg, fit_episodes)
     if labelled is None:
@@ -238,7 +240,7 @@ def main(argv=None):
     p.add_argument("--config", default="configs/translator/tiny.yaml")
     p.add_argument("--data", nargs="+", default=None,
                    help="paired LeRobot dataset(s), the first holds the held-out episodes; 'lab': the lab pairs "
-                        "in --pairs (made by `comsim twin lab-pairs` if missing); default: synthetic pairs")
+                        "in --pairs (made by `comsim lab pairs` if missing); default: synthetic pairs")
     p.add_argument("--pairs", type=Path, default=Path("runs/lab_pairs"), help="lab pairs folder (--data lab)")
     p.add_argument("--push", type=int, default=20, help="lab pairs to make: push episodes")
     p.add_argument("--stack", type=int, default=10, help="lab pairs to make: stack episodes")
@@ -312,8 +314,8 @@ def main(argv=None):
         rows = []
         for setting in args.weights_grid:
             wa, ws = (float(v) for v in setting.split(":"))
-            gen = [pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i,
-                        controls=first_frames(ep["controls"], None), overlap=overlap) for i, ep in enumerate(validation)]
+            gen = [pipe(ep["sim"], ep["action"], SamplingParams(n_steps, wa, ws, overlap), seed=i,
+                        controls=first_frames(ep["controls"], None)) for i, ep in enumerate(validation)]
             rows.append({"w_action": wa, "w_sim": ws, "psnr": round(mean_psnr(zip(gen, (e["real"] for e in validation))), 3)})
         best = max(rows, key=lambda r: r["psnr"])
         weights = (best["w_action"], best["w_sim"])
@@ -323,9 +325,8 @@ def main(argv=None):
     t1 = time.time()
     for i, ep in enumerate(episodes):
         for m, (wa, ws) in modes.items():
-            gens[m].append(pipe(ep["sim"], ep["action"], w_action=wa, w_sim=ws, num_steps=n_steps, seed=i,
-                                controls=first_frames(ep["controls"], None),
-                                overlap=overlap))
+            gens[m].append(pipe(ep["sim"], ep["action"], SamplingParams(n_steps, wa, ws, overlap), seed=i,
+                                controls=first_frames(ep["controls"], None)))
     result["psnr"] = {"sim": round(mean_psnr((e["sim"], e["real"]) for e in episodes), 2)}
     for m, gs in gens.items():
         result["psnr"][m] = round(mean_psnr((g, e["real"]) for g, e in zip(gs, episodes)), 2)
@@ -348,8 +349,8 @@ def main(argv=None):
             for i, ep in enumerate(episodes):
                 other = episodes[(i + 1) % len(episodes)]
                 n = min(len(ep["sim"]), len(other["action"]))
-                gen = pipe(ep["sim"][:n], other["action"][:n], w_action=wa, w_sim=0.0, num_steps=n_steps, seed=100 + i,
-                           controls=first_frames(ep["controls"], n))
+                gen = pipe(ep["sim"][:n], other["action"][:n], SamplingParams(n_steps, w_action=wa, w_sim=0.0),
+                           seed=100 + i, controls=first_frames(ep["controls"], n))
                 got.append(action_consistency(gen, other["action"][:n]))
                 chance.append(action_consistency(ep["real"][:n], other["action"][:n]))
                 ceiling.append(action_consistency(other["real"][:n], other["action"][:n]))

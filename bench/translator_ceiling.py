@@ -19,10 +19,10 @@ import json
 import numpy as np
 from scipy import ndimage
 
-from comsim.demo import _heldout_indices
+from comsim.pipeline.stages import heldout_indices
 from comsim.io.keys import seg_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
-from comsim.metrics.fidelity import labels_from_palette
+from comsim.io.labels import labels_from_palette
 
 TOLERANCE = 48  # grey levels summed over RGB: model.plate_tolerance 0.38 in the pixel codec's units
 
@@ -38,7 +38,7 @@ def main():
     p.add_argument("--camera", default="front")
     a = p.parse_args()
     ds, cam = LeRobotDataset(a.paired), a.camera
-    held = _heldout_indices(a.paired)
+    held = heldout_indices(a.paired)
     eps = {}
     for i in range(len(ds)):
         ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg_key(cam)])

@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from comsim.demo import _metrics
+from comsim.pipeline.stages import video_metrics
 from comsim.run_layout import RunLayout
 
 
@@ -45,7 +45,7 @@ def main():
             cfg["sampling"].update(num_steps=steps, overlap=overlap, **weights)  # what the pipeline samples with
             (model / "translator.json").write_text(json.dumps(cfg, indent=1))
         t = time.time()
-        m = _metrics(model, run, {})
+        m = video_metrics(model, run, {})
         look, fid = m["pseudo_real_vs_real"]["metrics"], m["object_fidelity"]["heldout_pseudo_real"]
         rows.append({"steps": steps, "overlap": overlap, **weights, "psnr": round(look["psnr"], 2), "ssim": round(look["ssim"], 3),
                      "fid": round(look["fid"], 1), "object_within_2px": round(fid["object_within"], 3),

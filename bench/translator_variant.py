@@ -12,9 +12,10 @@ import argparse
 import json
 import os
 import time
-from dataclasses import replace
 
-from comsim.demo import PROFILES, _convert, _generate, _metrics, _translator
+from comsim.config import config_file
+from comsim.pipeline import stages
+from comsim.pipeline.demo import PROFILES
 from comsim.run_layout import RunLayout
 
 
@@ -31,15 +32,19 @@ def main():
         if not link.exists() and getattr(base, part).exists():
             os.symlink(getattr(base, part).resolve(), link)
     # a lab_table run makes no demo-scale factory episodes: made here as `make demo` makes them (same seeds)
-    _generate(out.sim, out.sim_ood, PROFILES["small"], out.paired / "twin_aligned.yaml")
-    profile = replace(PROFILES["lab_table"], translator_overrides=tuple(a.overrides))
+    loop = PROFILES["small"].loop
+    scene = out.paired / "twin_aligned.yaml"
+    stages.generate_sim(loop.sim_task, loop.sim_episodes, out.sim, scene, seed=1000)
+    stages.generate_sim(loop.sim_task, loop.ood_sim_episodes, out.sim_ood, scene, seed=2000, split="ood")
     t = time.time()
-    model_dir = _translator(out.paired, out.translator, profile)
+    model_dir = stages.train_translator(out.paired, out.translator, config_file(loop.translator_config),
+                                        overrides=tuple(a.overrides))
     t_train = time.time() - t
     t = time.time()
-    _convert(model_dir, [(out.sim, out.pseudo_real), (out.sim_ood, out.pseudo_real_ood)])
+    for sim, pseudo in ((out.sim, out.pseudo_real), (out.sim_ood, out.pseudo_real_ood)):
+        stages.convert_sim(model_dir, sim, pseudo)
     t_convert = time.time() - t
-    m = _metrics(model_dir, out, {"id": out.pseudo_real, "ood": out.pseudo_real_ood})
+    m = stages.video_metrics(model_dir, out, {"id": out.pseudo_real, "ood": out.pseudo_real_ood})
     fid = m["object_fidelity"]
     print(json.dumps({"overrides": a.overrides, "train_s": round(t_train), "convert_s": round(t_convert),
                       "psnr": m["pseudo_real_vs_real"]["metrics"]["psnr"], "psnr_raw_twin": m["raw_sim_vs_real"]["metrics"]["psnr"],

@@ -17,13 +17,15 @@ import time
 from pathlib import Path
 
 from comsim.config import config_file
-from comsim.demo import PROFILES
+from comsim.pipeline.demo import PROFILES
+from comsim.pipeline.stages import heldout_count
 from comsim.io.keys import control_key, sim_key
 from comsim.io.lerobot import LeRobotDataset
 from comsim.io.video import read_video, write_video
 from comsim.metrics.frame import mean_psnr
 from comsim.run_layout import RunLayout
 from comsim.translator.pipeline import TranslatorPipeline
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.training import load_train_config, train
 
 GRID = ("1:1.5", "1:1", "0.5:1.5", "0.5:1", "0.25:1", "0:1.5", "0:1", "0.5:0.5")
@@ -41,12 +43,12 @@ def main():
     p.add_argument("run", help="a `comsim demo` run folder (its paired lab episodes)")
     p.add_argument("out", help="the validation model's folder")
     p.add_argument("--grid", nargs="+", default=list(GRID), help="W_ACTION:W_SIM settings to score")
-    p.add_argument("--config", default=PROFILES["small"].translator_config)
+    p.add_argument("--config", default=PROFILES["small"].loop.translator_config)
     p.add_argument("overrides", nargs="*", help="dotted overrides of the translator config")
     a = p.parse_args()
     paired = RunLayout(a.run).paired
     n = len(LeRobotDataset(paired))
-    test_pairs = max(1, n // 5)  # as the demo holds them out (comsim.demo._val_episodes)
+    test_pairs = heldout_count(n)  # as the run holds them out
     val_episode = n - test_pairs - 1
     cfg = load_train_config(config_file(a.config), [f"data.paths=[{paired}]", f"data.val_episodes={test_pairs + 1}",
                                                     f"train.output_dir={a.out}", *a.overrides])
@@ -63,14 +65,14 @@ def main():
     rows = [{"setting": "raw twin", "psnr": round(mean_psnr([(through_h264(ep.frames[sim_key(cam)], ep.fps), real)]), 3)}]
     for setting in a.grid:
         w_action, w_sim = (float(v) for v in setting.split(":"))
-        gen = pipe.translate_episode(ep, w_action=w_action, w_sim=w_sim, seed=val_episode).frames[cam]
+        gen = pipe.translate_episode(ep, SamplingParams(w_action=w_action, w_sim=w_sim), seed=val_episode).frames[cam]
         rows.append({"w_action": w_action, "w_sim": w_sim,
                      "psnr": round(mean_psnr([(through_h264(gen, ep.fps), real)]), 3)})
         print(json.dumps(rows[-1]), flush=True)
     best = max(rows[1:], key=lambda r: r["psnr"])
     print(json.dumps({"bench": "translator_weights", "run": a.run, "validation_episode": val_episode,
                       "test_episodes_never_read": list(range(n - test_pairs, n)), "train_s": round(train_s),
-                      "num_steps": pipe.sampling["num_steps"], "rows": rows, "best": best}))
+                      "num_steps": pipe.sampling.num_steps, "rows": rows, "best": best}))
 
 
 if __name__ == "__main__":

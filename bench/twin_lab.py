@@ -18,7 +18,7 @@ from pathlib import Path
 
 from comsim.config import PANDA_CELL
 from comsim.lab.record import record_dataset
-from comsim.twin.replay import replay_dataset
+from comsim.lab.twin_truth import replay_and_score
 
 
 def main(argv=None) -> dict:
@@ -34,7 +34,7 @@ def main(argv=None) -> dict:
     t0 = time.perf_counter()
     real = record_dataset(a.task, episodes=a.episodes, out=out / "lab", seed=a.seed)
     t1 = time.perf_counter()
-    paired = replay_dataset(real, PANDA_CELL, out / "paired", mode=a.mode, refine=not a.no_refine,
+    paired = replay_and_score(real, PANDA_CELL, out / "paired", mode=a.mode, refine=not a.no_refine,
                             log=lambda s: print(s, flush=True))
     t2 = time.perf_counter()
     rep = json.loads((paired / "alignment_report.json").read_text())

@@ -37,16 +37,16 @@ def _twin_calibrate(a):
 
 
 def _twin_replay(a):
-    from comsim.twin.replay import replay_dataset
+    from comsim.lab.twin_truth import replay_and_score  # a lab recording is also scored against its truth
 
     channels = tuple(c for c in a.channels.split(",") if c)
-    print(replay_dataset(real=Path(a.real), twin=Path(a.twin), out=Path(a.out), mode=a.mode,
-                         calibration=Path(a.calibration) if a.calibration else None, camera=a.camera,
-                         channels=channels, report=not a.no_report, refine=not a.no_refine, workers=a.workers))
+    print(replay_and_score(real=Path(a.real), twin=Path(a.twin), out=Path(a.out), mode=a.mode,
+                           calibration=Path(a.calibration) if a.calibration else None, camera=a.camera,
+                           channels=channels, report=not a.no_report, refine=not a.no_refine, workers=a.workers))
 
 
-def _twin_lab_pairs(a):
-    from comsim.twin.lab_pairs import make_lab_pairs
+def _lab_pairs(a):
+    from comsim.lab.pairs import make_lab_pairs
 
     print(json.dumps([str(p) for p in make_lab_pairs(Path(a.out), {"push": a.push, "stack": a.stack}, seed=a.seed,
                                                       mode=a.mode)]))
@@ -84,8 +84,12 @@ def _convert(a):
 
     if a.allow_download:  # read by comsim.translator.codec.load_codec, here and in spawned workers
         os.environ["COMSIM_ALLOW_DOWNLOAD"] = "1"
-    report = convert_dataset(Path(a.model), Path(a.input), Path(a.output), w_action=a.w_action, w_sim=a.w_sim,
-                             steps=a.steps, strength=a.strength, overlap=a.overlap, seed=a.seed, workers=a.workers,
+    from comsim.translator.sampling import SamplingParams
+
+    sampling = SamplingParams(num_steps=a.steps, w_action=a.w_action, w_sim=a.w_sim, overlap=a.overlap,
+                              strength=a.strength)
+    report = convert_dataset(Path(a.model), Path(a.input), Path(a.output), sampling=sampling, seed=a.seed,
+                             workers=a.workers,
                              num_shards=a.num_shards, shard_index=a.shard_index, device=a.device,
                              threads=a.threads, precision=a.precision, progress=not a.no_progress)
     print(json.dumps(report))
@@ -122,13 +126,24 @@ def _report(a):
 
 
 def _demo(a):
-    from comsim.demo import run_demo
-
-    from comsim.demo import demo_summary
+    from comsim.pipeline.demo import demo_summary, run_demo
 
     profile = "full" if a.full else a.profile
     report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin)
     print(json.dumps(demo_summary(Path(a.out), report)))  # the last line: one JSON object
+
+
+def _run(a):
+    from comsim.pipeline.run import LoopSettings, run_real
+
+    settings = LoopSettings(sim_task=a.task, sim_episodes=a.sim_episodes, ood_sim_episodes=a.ood_sim_episodes,
+                            translator_config=a.translator_config, translator_steps=a.translator_steps,
+                            translator_overrides=tuple(a.translator_override), synthetic_fraction=a.synthetic_fraction,
+                            workers=a.workers)
+    report = run_real(Path(a.real), a.twin, Path(a.out), settings,
+                      calibration=Path(a.calibration) if a.calibration else None)
+    print(json.dumps({"report": str(report), "pseudo_real": str(Path(a.out) / "pseudo_real"),
+                      "mixed": str(Path(a.out) / "mixed")}))  # the last line: one JSON object
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--calibration-stills", type=int, default=12,
                    help="full-resolution calibration stills (+ a robot-free one) into OUT/calibration; 0: none")
     r.set_defaults(func=_lab_record)
+    lp = lab.add_parser("pairs", help="lab episodes replayed with the lab's true camera -> paired datasets "
+                        "for the translator (comsim/lab/pairs.py)")
+    lp.add_argument("--out", required=True)
+    lp.add_argument("--push", type=int, default=20, help="push episodes (the held-out ones are the last of these)")
+    lp.add_argument("--stack", type=int, default=10, help="stack episodes (training only)")
+    lp.add_argument("--seed", type=int, default=0)
+    lp.add_argument("--mode", default="physics", choices=["kinematic", "physics"])
+    lp.set_defaults(func=_lab_pairs)
 
     twin = sub.add_parser("twin", help="digital twin: calibrate and replay").add_subparsers(
         dest="twin_command", required=True)
@@ -156,14 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", required=True)
     c.add_argument("--seed", type=int, default=0)
     c.set_defaults(func=_twin_calibrate)
-    lp = twin.add_parser("lab-pairs", help="lab episodes replayed with the lab's true camera -> paired datasets "
-                         "for the translator (comsim/twin/lab_pairs.py)")
-    lp.add_argument("--out", required=True)
-    lp.add_argument("--push", type=int, default=20, help="push episodes (the held-out ones are the last of these)")
-    lp.add_argument("--stack", type=int, default=10, help="stack episodes (training only)")
-    lp.add_argument("--seed", type=int, default=0)
-    lp.add_argument("--mode", default="physics", choices=["kinematic", "physics"])
-    lp.set_defaults(func=_twin_lab_pairs)
     rp = twin.add_parser("replay", help="replay real actions in the twin -> paired dataset")
     rp.add_argument("--real", required=True)
     rp.add_argument("--twin", required=True, help="twin scene YAML")
@@ -262,6 +277,24 @@ def build_parser() -> argparse.ArgumentParser:
     rr.add_argument("--title", default=None)
     rr.add_argument("--max-episodes", type=int, default=3, help="videos per section")
     rr.set_defaults(func=_report)
+
+    rn = sub.add_parser("run", help="the loop on your own real recording: twin, translator, generate, convert, "
+                        "metrics, mixed dataset, report (no closed-loop experiment: no robot to score on)")
+    rn.add_argument("--real", required=True, help="a LeRobotDataset recorded on the real robot (with calibration/ "
+                    "stills if it has them)")
+    rn.add_argument("--twin", required=True, help="the twin's nominal scene YAML that alignment starts from")
+    rn.add_argument("--task", required=True, help="the factory's task program (built-in name or task YAML)")
+    rn.add_argument("--out", required=True, help="the run folder: every output goes under it")
+    rn.add_argument("--calibration", default=None, help="calibration.json (default: calibrate from the recording)")
+    rn.add_argument("--sim-episodes", type=int, default=20, help="factory episodes in the task's own layouts")
+    rn.add_argument("--ood-sim-episodes", type=int, default=6, help="factory episodes in out-of-distribution layouts")
+    rn.add_argument("--synthetic-fraction", type=float, default=0.5, help="pseudo-real share of the mixed dataset's frames")
+    rn.add_argument("--translator-config", default="configs/translator/tiny_lab.yaml")
+    rn.add_argument("--translator-steps", type=int, default=None, help="training steps (default: the config's)")
+    rn.add_argument("--translator-override", action="append", default=[], metavar="KEY=VALUE",
+                    help="a dotted override of the translator config (repeatable)")
+    rn.add_argument("--workers", type=int, default=2, help="processes for replay, generation and conversion")
+    rn.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="run the main job on a lab cell (default: the built-in lab)")
     d.add_argument("--out", default="runs/demo", help="the run folder: every output goes under it")

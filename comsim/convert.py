@@ -1,13 +1,13 @@
 """`comsim convert`: batch-translate a sim dataset into pseudo-real episodes, sharded and resumable.
 
     report = convert_dataset("runs/translator/final", "data/sim_stack", "data/pseudo_stack",
-                             w_action=1.5, w_sim=2.0, steps=20, workers=2)
+                             sampling=SamplingParams(w_action=1.5, w_sim=2.0, num_steps=20), workers=2)
 
 Every episode of the input (``observation.images.<cam>_sim``, actions, states, success)
 becomes an output episode with ``observation.images.<cam>`` = the translator's frames (at
 the translator's resolution) next to the untouched ``<cam>_sim`` (and control) videos, and
 ``Provenance(source="pseudo_real", translator_hash, guidance, seed)`` (the episode is made by
-``TranslatorPipeline.translate_episode``; its guidance: w_action, w_sim, num_steps, strength).
+``TranslatorPipeline.translate_episode``; its guidance: the SamplingParams it was sampled with).
 
 Determinism: episode ``k`` is translated with seed ``episode_seed(seed, k)`` and a fixed
 number of torch threads per process (``threads``, default 1): the same episode gives the
@@ -40,13 +40,14 @@ from comsim.config import PRECISIONS
 from comsim.episode import Episode, Provenance, episode_seed
 from comsim.errors import ComSimError
 from comsim.io.keys import control_key, sim_key
-from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset
+from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset, dataset_complete
 from comsim.io.files import read_json_object, weights_hash, write_json
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
+from comsim.translator.sampling import SamplingParams
 
 HEADER_FILE = "conversion.json"
 REPORT_FILE = "conversion_report.json"  # the closing run's timing: frames, seconds, frames/s
-RESUME_KEYS = ("translator_hash", "input", "input_episodes", "w_action", "w_sim", "steps", "strength", "overlap",
+RESUME_KEYS = ("translator_hash", "input", "input_episodes", "num_steps", "w_action", "w_sim", "overlap", "strength",
                "precision", "seed")
 
 _WORKER: dict = {}  # per process: the loaded pipeline and the open input dataset
@@ -155,10 +156,9 @@ def _load_worker(model_dir: str, input_dir: str, device: str, threads: int):
 def convert_episode(pipe, ep: Episode, index: int, seed: int, guidance: dict, source: str) -> Episode:
     """Episode ``index`` of the sim dataset ``source`` -> its pseudo-real version
     (``TranslatorPipeline.translate_episode``, seeded with ``episode_seed(seed, index)``); ``guidance``
-    is the conversion header's {w_action, w_sim, steps, strength, overlap, precision}."""
-    return pipe.translate_episode(ep, w_action=guidance["w_action"], w_sim=guidance["w_sim"],
-                                  num_steps=guidance["steps"], strength=guidance["strength"],
-                                  overlap=guidance["overlap"], precision=guidance.get("precision", "fp32"),
+    is the conversion header's SamplingParams fields and ``precision``."""
+    sampling = SamplingParams(**{k: v for k, v in guidance.items() if k != "precision"})
+    return pipe.translate_episode(ep, sampling, precision=guidance.get("precision", "fp32"),
                                   seed=episode_seed(seed, index),
                                   extra={"source_dataset": str(source), "source_episode": int(index)})
 
@@ -186,19 +186,16 @@ def _accelerate_state():
     return PartialState(cpu=cpu)
 
 
-def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *, w_action: float | None = None,
-                    w_sim: float | None = None, steps: int | None = None, strength: float = 1.0,
-                    overlap: int | None = None, seed: int = 0, workers: int = 1,
+def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
+                    sampling: SamplingParams | None = None, seed: int = 0, workers: int = 1,
                     num_shards: int | None = None, shard_index: int | None = None, device: str | None = None,
                     threads: int = 1, precision: str = "fp32", progress: bool = True) -> dict:
     """Convert every episode of the sim dataset ``input`` into ``output``; returns a report dict.
 
-    ``w_action``, ``w_sim``, ``steps`` and ``overlap`` (frames shared by consecutive windows) left
-    as None take the translator's own sampling settings (translator.json, from its training config).
+    ``sampling``: fields left as None take the translator's own settings (translator.json, from its
+    training config; an overlap it does not set is half a window).
     ``precision``: fp32, or bf16 (the transformer under autocast; see ``TranslatorPipeline.__call__``)."""
     model, input, output = Path(model), Path(input), Path(output)
-    if (steps is not None and steps < 1) or not 0.0 < strength <= 1.0:
-        raise ConversionError(f"steps must be >= 1 and strength in (0, 1], got steps={steps}, strength={strength}")
     if (num_shards is None) != (shard_index is None):
         raise ConversionError("--num-shards and --shard-index go together")
     if num_shards is not None and not 0 <= shard_index < num_shards:
@@ -215,18 +212,13 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     check_compatible(model, ds)
     from comsim.translator.pipeline import sampling_defaults
 
-    own = sampling_defaults(model)
-    w_action = own["w_action"] if w_action is None else w_action
-    w_sim = own["w_sim"] if w_sim is None else w_sim
-    steps = own["num_steps"] if steps is None else steps
-    overlap = own["overlap"] if overlap is None else overlap  # None: the pipeline's half window
+    sampling = (sampling or SamplingParams()).resolved(sampling_defaults(model))
     n_frames = translator_meta(model)["num_frames"]
-    if overlap is not None and not 0 < overlap < n_frames:
+    if sampling.overlap is not None and not 0 < sampling.overlap < n_frames:
         raise ConversionError(f"overlap must be in [1, {n_frames}) frames (the translator's window is {n_frames}), "
-                              f"got {overlap}")
+                              f"got {sampling.overlap}")
     t_hash = translator_hash(model)
-    guidance = {"w_action": float(w_action), "w_sim": float(w_sim), "steps": int(steps), "strength": float(strength),
-                "overlap": None if overlap is None else int(overlap), "precision": precision}
+    guidance = {**sampling.to_dict(), "precision": precision}
     header = {"command": "comsim convert", "model": str(model.resolve()), "translator_hash": t_hash, "input": str(input.resolve()),
               "input_episodes": len(ds), **guidance, "seed": int(seed), "threads": threads}
 
@@ -238,7 +230,7 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
                      made="holds a conversion made")
         _load_worker(str(model), str(input), device, threads)  # a model that does not load: refused before writing
     writer = DatasetWriter(output, ds.fps, resume=True)
-    if (output / "meta" / "info.json").is_file():  # closed before: nothing to do
+    if dataset_complete(output):  # closed before: nothing to do
         return _report(output, header, 0, 0, None)
     if is_main:
         write_json(header, output / HEADER_FILE)

@@ -1,21 +1,22 @@
-"""The run folder of ``comsim demo``: its stage names and where each stage writes, in one place.
+"""The run folder of ``comsim run`` / ``comsim demo``: its stage names and where each stage writes, in one place.
 
-``comsim demo`` writes the folder, ``comsim report`` reads it; both ask a RunLayout, so renaming a
+``comsim run`` and ``comsim demo`` write the folder, ``comsim report`` reads it; both ask a RunLayout, so renaming a
 stage or moving an output cannot break one without the other::
 
-    lab/                      lab (real stand-in) LeRobot dataset
+    lab/                      lab (real stand-in) LeRobot dataset (``comsim demo``; ``comsim run`` reads the user's)
     paired/                   twin replay: real + twin-render videos per episode, the alignment
                               (twin_alignment.json, alignment_report.json, report/*.png)
     twin/summary.json         twin alignment summary
     translator/               training output: train_summary.json, validation/, final/ (the translator)
     sim/, sim_ood/            factory episodes (sim), in- and out-of-distribution layouts
     pseudo_real/, pseudo_real_ood/   the factory episodes converted: <cam> pseudo-real, <cam>_sim
+    mixed/                    the real episodes + pseudo-real ones at a synthetic fraction (mixture.json), <cam> only
     heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
     metrics.json              {comparison: evaluate_video report} (or one report); the video metrics' done marker
     policy/                   the policy experiment's folder (ExperimentLayout): results.json, results.md,
                               arms/<arm>-<key>/ (policy/, eval-<panel>-<key>.json, trials-<panel>-<key>.jsonl,
                               videos/), cache/ (decoded frames shared by the arms)
-    stages.json               {"timings": {stage: s}, "failures": {stage: reason}} (demo)
+    stages.json               {"timings": {stage: s}, "failures": {stage: reason}, "left_out": {stage: why}}
     report.html, report_media/   the report
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ TRANSLATOR = "translator training"
 FACTORY = "factory generate"
 CONVERT = "convert"
 VIDEO_METRICS = "video metrics"
+MIX = "mix"
 POLICY = "policy experiment"
 
 
@@ -47,6 +49,7 @@ STAGES = (
     Stage(FACTORY, "sim", "dataset"),
     Stage(CONVERT, "pseudo_real", "dataset"),
     Stage(VIDEO_METRICS, "metrics.json", "file"),
+    Stage(MIX, "mixed", "dataset"),
     Stage(POLICY, "policy/results.json", "file"),  # ExperimentLayout("policy").results
 )
 
@@ -85,6 +88,7 @@ class RunLayout:
         self.root = r = Path(root)
         # the stage outputs
         self.lab, self.paired, self.sim, self.pseudo_real = (self.output(s) for s in (LAB_RECORD, TWIN, FACTORY, CONVERT))
+        self.mixed = self.output(MIX)
         self.metrics, self.policy_results = self.output(VIDEO_METRICS), self.output(POLICY)
         # and the folders and files around them
         self.twin = r / "twin"

@@ -43,13 +43,13 @@ def _main(argv=None):
     p.add_argument("overrides", nargs="*", help="dotted overrides of the experiment YAML, e.g. eval.n_trials=20")
     args = p.parse_args(argv)
     if args.experiment:
-        from comsim.policy.experiment import load_experiment, run_experiment
+        from comsim.pipeline.experiment import load_experiment, run_experiment
         cfg = load_experiment(args.experiment, args.overrides)
         run_experiment(cfg, arms=args.arms.split(",") if args.arms else None)
         print((Path(cfg.output_dir) / "results.md").read_text())
         return
     from comsim.policy.policies import load_policy
-    from comsim.policy.rollout import evaluate
+    from comsim.lab.rollout import evaluate
     from comsim.policy.training import write_json
     policy = load_policy(args.policy)  # the policy class its config.json names (diffusion, keypoint)
     out = Path(args.out) if args.out else None

@@ -23,12 +23,13 @@ from comsim.io.video import read_video
 from comsim.translator.codec import PixelCodec
 from comsim.translator.data import ActionNormalizer
 from comsim.translator.pipeline import TranslatorPipeline
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.training import TranslatorConfig, build_model, make_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "MUJOCO_GL": "egl", "HF_HUB_OFFLINE": "1"}
 N_EPISODES = 10
-ARGS = dict(w_action=1.5, w_sim=2.0, steps=6, strength=1.0, seed=3)
+ARGS = dict(sampling=SamplingParams(w_action=1.5, w_sim=2.0, num_steps=6, strength=1.0), seed=3)
 
 SHORT_TASK = """\
 task: reach
@@ -142,15 +143,16 @@ def test_guidance_defaults_to_the_translators_own_sampling(sim_dataset, tmp_path
     report = convert_dataset(model, sim_dataset, out, num_shards=N_EPISODES, shard_index=0, progress=False)
     assert report["converted_now"] == 1 and not report["closed"]
     header = json.loads((out / HEADER_FILE).read_text())
-    assert (header["steps"], header["w_action"], header["w_sim"], header["overlap"]) == (2, 0.5, 1.5, 1)
+    assert (header["num_steps"], header["w_action"], header["w_sim"], header["overlap"]) == (2, 0.5, 1.5, 1)
     # and an explicit value wins
-    report = convert_dataset(model, sim_dataset, tmp_path / "explicit", steps=3, overlap=3, num_shards=N_EPISODES,
+    report = convert_dataset(model, sim_dataset, tmp_path / "explicit", sampling=SamplingParams(num_steps=3, overlap=3),
+                             num_shards=N_EPISODES,
                              shard_index=0, progress=False)
     header = json.loads((tmp_path / "explicit" / HEADER_FILE).read_text())
-    assert (header["steps"], header["w_action"], header["w_sim"], header["overlap"]) == (3, 0.5, 1.5, 3)
+    assert (header["num_steps"], header["w_action"], header["w_sim"], header["overlap"]) == (3, 0.5, 1.5, 3)
     # an overlap the window cannot hold is refused before anything is written
     with pytest.raises(ConversionError, match=r"overlap must be in \[1, 4\) frames"):
-        convert_dataset(model, sim_dataset, tmp_path / "bad", overlap=4, progress=False)
+        convert_dataset(model, sim_dataset, tmp_path / "bad", sampling=SamplingParams(overlap=4), progress=False)
     assert not (tmp_path / "bad").exists()
 
 
@@ -159,14 +161,15 @@ def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, 
 
     pipe = TranslatorPipeline.from_pretrained(micro)
     ep = LeRobotDataset(sim_dataset)[2]
-    guidance = {**{k: ARGS[k] for k in ("w_action", "w_sim", "steps", "strength")}, "overlap": None}
+    guidance = ARGS["sampling"].to_dict()
     a = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     b = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     assert np.array_equal(a, b)
     again = convert_dataset(micro, sim_dataset, reference, progress=False, **ARGS)
     assert again["converted_now"] == 0
     with pytest.raises(ConversionError, match="holds a conversion made with"):
-        convert_dataset(micro, sim_dataset, reference, progress=False, **{**ARGS, "w_sim": 1.0})
+        convert_dataset(micro, sim_dataset, reference, progress=False, seed=ARGS["seed"],
+                        sampling=SamplingParams(w_action=1.5, w_sim=1.0, num_steps=6))
 
 
 def test_shards_give_the_same_dataset(reference, sim_dataset, micro, tmp_path):

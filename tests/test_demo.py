@@ -23,7 +23,7 @@ def test_configs_resolve_from_any_working_directory(tmp_path, monkeypatch):
     mine.write_text("x: 1\n")
     assert config_file("my_cell.yaml") == Path("my_cell.yaml")  # the user's own file wins
     from comsim.config import ConfigError
-    from comsim.demo import run_demo
+    from comsim.pipeline.demo import run_demo
 
     with pytest.raises(ConfigError, match="--cell: file not found"):
         run_demo(tmp_path / "out", cell="configs/lab/no_such_cell.yaml")
@@ -37,7 +37,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     lab's frames show it."""
     from comsim.config import PANDA_PUSH_CELL
     from comsim.lab import load_lab_cell, record_dataset
-    from comsim.twin.lab_pairs import true_calibration
+    from comsim.lab.pairs import true_calibration
     from comsim.twin.replay import replay_dataset
 
     default, cool = load_lab_cell(), load_lab_cell(COOL)
@@ -75,7 +75,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeypatch):
-    from comsim.demo import DemoProfile, run_demo
+    from comsim.pipeline.demo import DemoProfile, run_demo
     from comsim.run_layout import STAGES, RunLayout
 
     arms = ("arms=[{name: real3, sources: [{dataset: real, max_episodes: 3}], synthetic_fraction: 0.0},"
@@ -101,7 +101,7 @@ def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeyp
     assert truth["cell_hash"] == load_lab_cell(COOL).hash()
     assert len(LeRobotDataset(run.pseudo_real)) == 2 and json.loads(run.metrics.read_text())["pseudo_real_vs_real"]
     assert json.loads(run.policy_results.read_text())["arms"]
-    from comsim.demo import demo_summary
+    from comsim.pipeline.demo import demo_summary
     summary = demo_summary(tmp_path / "run", report)  # what `comsim demo` prints as its last line
     assert set(summary["success_rate"]) == {"real3", "real3_pseudo"} and summary["claim_holds"] is False
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # nothing written outside --out
@@ -110,8 +110,8 @@ def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeyp
 def test_the_lab_table_profile_builds_every_dataset_in_the_run_folder(tmp_path):
     """`comsim demo --profile lab_table`: the table's datasets go under OUT/policy/data, the sim
     episodes are generated in this run's aligned twin and converted by this run's translator."""
-    from comsim.demo import PROFILES, experiment_inputs
-    from comsim.policy.experiment import load_experiment
+    from comsim.pipeline.demo import PROFILES, experiment_inputs
+    from comsim.pipeline.experiment import load_experiment
     from comsim.run_layout import RunLayout
 
     run = RunLayout(tmp_path / "run")

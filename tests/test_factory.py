@@ -221,7 +221,7 @@ def _homed(setup, robot):
 
 
 def _mask(seg_rgb: np.ndarray, label: int) -> np.ndarray:
-    from comsim.twin.camera_model import rgb_to_seg
+    from comsim.io.labels import rgb_to_seg
 
     return rgb_to_seg(seg_rgb) == label
 

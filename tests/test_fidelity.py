@@ -4,9 +4,8 @@ import pytest
 
 from comsim.io.lerobot import LeRobotDataset, write_dataset
 from comsim.episode import Episode, Provenance
-from comsim.metrics.fidelity import (LocatorConfig, evaluate_object_fidelity, fit_fidelity_model, fit_locator,
-                                     labels_from_palette, object_fidelity)
-from comsim.twin.camera_model import seg_to_rgb
+from comsim.io.labels import labels_from_palette, seg_to_rgb
+from comsim.metrics.fidelity import LocatorConfig, evaluate_object_fidelity, fit_fidelity_model, fit_locator, object_fidelity
 
 
 def scene(T=12, size=32, shift=0, cube=True, seed=0):

@@ -83,3 +83,90 @@ def test_no_import_circle_outside_the_policy_package():
 def test_no_import_circle_in_comsim():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+# What each part of the package may import: the pipeline's order (docs: README "Layout"). The twin runs on a
+# real cell, so it imports neither the lab (the stand-in with its hidden truth) nor the metrics; the metrics
+# score frames and never need the twin; a policy trains on the datasets it is given and knows nothing of the
+# lab, the factory or the converter; only the orchestrator (pipeline), the report and the CLI see everything.
+CORE = {"errors", "config", "episode", "memory", "workers", "run_layout"}
+ALLOWED = {
+    "": set(), "errors": set(), "config": {"errors"}, "episode": {"errors"}, "memory": set(), "workers": set(),
+    "run_layout": set(),
+    "io": CORE,
+    "sim": CORE | {"io"},
+    "metrics": CORE | {"io", "sim"},
+    "twin": CORE | {"io", "sim"},
+    "translator": CORE | {"io", "sim", "metrics"},
+    "factory": CORE | {"io", "sim", "twin"},
+    "convert": CORE | {"io", "translator"},
+    "policy": CORE | {"io", "metrics"},
+    "lab": CORE | {"io", "sim", "twin", "metrics"},
+    "report": CORE | {"io", "sim", "metrics", "twin", "translator", "factory", "convert", "policy", "lab"},
+    "pipeline": CORE | {"io", "sim", "metrics", "twin", "translator", "factory", "convert", "policy", "lab", "report"},
+    "cli": CORE | {"io", "sim", "metrics", "twin", "translator", "factory", "convert", "policy", "lab", "report",
+                   "pipeline"},
+}
+
+
+def part(module: str) -> str:
+    """comsim.twin.replay -> twin; comsim.convert -> convert; comsim -> '' (the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, deps in sorted(graph.items()):
+        p = part(m)
+        if p not in ALLOWED:
+            bad.append(f"{m}: {p!r} is not a known part of the package (add it to ALLOWED)")
+            continue
+        for d in sorted(deps):
+            q = part(d)
+            if q and q != p and q not in ALLOWED[p]:
+                bad.append(f"{m} imports {d} ({p} may import {sorted(ALLOWED[p])})")
+    return bad
+
+
+def test_the_layer_checker_finds_an_upward_import():
+    assert layer_violations({"comsim.twin.replay": {"comsim.lab.truth", "comsim.io.keys"}}) == [
+        "comsim.twin.replay imports comsim.lab.truth (twin may import "
+        f"{sorted(ALLOWED['twin'])})"]
+    assert layer_violations({"comsim.pipeline.demo": {"comsim.lab.record", "comsim.report.run"}}) == []
+
+
+def test_imports_point_down_the_pipeline():
+    bad = layer_violations(import_graph())
+    assert not bad, "imports against the pipeline's order:\n" + "\n".join(bad)
+
+
+def test_benchmarks_call_public_names_only():
+    """bench/ scripts use the library as a user would: no name starting with an underscore."""
+    bench = ROOT.parent / "bench"
+    if not bench.is_dir():
+        pytest.skip("no bench/ folder next to the package")
+    bad = []
+    for f in sorted(bench.glob("*.py")):
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("comsim"):
+                bad += [f"{f.name}: from {node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_")]
+            elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                base = node.value
+                while isinstance(base, ast.Attribute):
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in _comsim_names(f):
+                    bad.append(f"{f.name}: {ast.unparse(node)}")
+    assert not bad, "private names used by benchmarks:\n" + "\n".join(bad)
+
+
+def _comsim_names(path: Path) -> set[str]:
+    """Names a script binds to comsim modules (``from comsim.policy import training`` -> training)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("comsim"):
+            names.update(a.asname or a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("comsim"))
+    return names

@@ -527,8 +527,8 @@ def test_mean_psnr_is_per_frame_then_the_mean_over_all_frames():
 
 def test_robot_masks_and_labels_from_the_twins_palette():
     from comsim.metrics.action import mask_iou, robot_masks_from_labels
-    from comsim.metrics.fidelity import labels_from_palette
-    from comsim.twin.camera_model import seg_to_rgb
+    from comsim.io.labels import labels_from_palette
+    from comsim.io.labels import seg_to_rgb
 
     labels = np.zeros((2, 8, 8), np.int32)
     labels[:, :, :3] = 1  # robot: the first 3 columns

@@ -19,7 +19,7 @@ def test_run_layout_names_every_stage_output(tmp_path):
 
     run = RunLayout(tmp_path)
     assert [s.name for s in STAGES] == ["lab record", "twin calibrate + replay", "translator training",
-                                        "factory generate", "convert", "video metrics", "policy experiment"]
+                                        "factory generate", "convert", "video metrics", "mix", "policy experiment"]
     assert run.lab == run.output(LAB_RECORD) == tmp_path / "lab"
     assert run.pseudo_real == run.output(CONVERT) and run.metrics == run.output(VIDEO_METRICS)
     assert run.translator_final == tmp_path / "translator" / "final"
@@ -36,7 +36,7 @@ def test_run_layout_names_every_stage_output(tmp_path):
 def test_experiment_layout_is_what_the_runner_writes_and_the_report_reads(tmp_path):
     """The experiment runner names its arm folders, eval files and trial logs through
     ExperimentLayout; the demo's policy folder is one."""
-    from comsim.policy.experiment import arm_run, eval_key, load_experiment
+    from comsim.pipeline.experiment import arm_run, eval_key, load_experiment
     from comsim.run_layout import ExperimentLayout, RunLayout
     from pathlib import Path
 
@@ -61,7 +61,7 @@ def test_the_demo_logs_the_stages_the_report_lists(tmp_path, monkeypatch):
 
     import pytest
 
-    from comsim import demo
+    from comsim.pipeline import demo
     from comsim.run_layout import STAGES, RunLayout
 
     monkeypatch.setitem(demo.PROFILES, "no_such_task", demo.DemoProfile(task="no_such_task"))

@@ -24,13 +24,13 @@ from comsim.config import ConfigError  # noqa: E402
 from comsim.episode import Episode, Provenance  # noqa: E402
 from comsim.io.lerobot import LeRobotDataset, write_dataset  # noqa: E402
 from comsim.lab import record_dataset  # noqa: E402
+from comsim.lab.rollout import PanelConfig, evaluate, panel_layouts, trial_seeds, wilson_interval  # noqa: E402
+from comsim.pipeline.experiment import load_experiment, run_experiment  # noqa: E402
 from comsim.policy import (DiffusionPolicy, MixtureConfig, MixtureDataset, PolicyRunConfig, SourceConfig,  # noqa: E402
-                           TrainConfig, diffusion_config, evaluate, load_experiment, run_experiment, train_policy,
-                           trial_seeds, wilson_interval)
-from comsim.policy.config import DiffusionConfig, PanelConfig, policy_config  # noqa: E402
+                           TrainConfig, diffusion_config, train_policy)
+from comsim.policy.config import DiffusionConfig, policy_config  # noqa: E402
 from comsim.policy.keypoint import KeypointConfig, KeypointPolicy  # noqa: E402
 from comsim.policy.policies import load_policy, make_policy  # noqa: E402
-from comsim.policy.rollout import panel_layouts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"preset": "tiny"}
@@ -451,39 +451,24 @@ def test_keypoint_crop_and_colour_branch():
 
 
 def test_standardised_colour_maps_put_the_keypoint_on_a_faint_colour():
-    """With ``pixel_gain`` each colour map is standardised over its pixels: a 3x3 patch that
-    the map barely prefers (a weak detector, 0.01 x the weights) still takes the keypoint to
-    its centre, where the raw map's softmax spreads over the whole crop and reads near 0."""
-    xs = {}
-    for gain in (None, 3.0):
-        cfg = policy_config({**KP, "crop": [8, 4, 16, 24], "pixel_keypoints": 1, "pixel_gain": gain})
-        enc = make_policy(cfg, stats=UNIT_STATS).eval().encoder
-        with torch.no_grad():
-            enc.pixel[0].weight.zero_(), enc.pixel[0].bias.zero_()
-            enc.pixel[0].weight[0, :, 0, 0] = torch.tensor([0.01, -0.01, -0.01])
-            enc.pixel_pool.keypoints.weight.zero_(), enc.pixel_pool.keypoints.bias.zero_()
-            enc.pixel_pool.keypoints.weight[0, 0] = 1.0
+    """Each colour map is standardised over its pixels: a 3x3 patch that the map barely prefers (a
+    weak detector, 0.01 x the weights) still takes the keypoint to its centre, where the raw map's
+    softmax would spread over the whole crop and read near its middle."""
+    cfg = policy_config({**KP, "crop": [8, 4, 16, 24], "pixel_keypoints": 1, "pixel_gain": 3.0})
+    enc = make_policy(cfg, stats=UNIT_STATS).eval().encoder
+    with torch.no_grad():
+        enc.pixel[0].weight.zero_(), enc.pixel[0].bias.zero_()
+        enc.pixel[0].weight[0, :, 0, 0] = torch.tensor([0.01, -0.01, -0.01])
+        enc.pixel_pool.keypoints.weight.zero_(), enc.pixel_pool.keypoints.bias.zero_()
+        enc.pixel_pool.keypoints.weight[0, 0] = 1.0
         im = torch.full((1, 3, 16, 24), -1.0)
         im[:, 0, 6:9, 18:21] = 1.0  # centre x = 19 px
-        xs[gain] = enc(im)[0, -2].item() * (24 - 1) / 2 + (24 - 1) / 2  # in px
-    assert xs[3.0] == pytest.approx(19, abs=0.5)
-    assert abs(xs[None] - 11.5) < 1.5  # raw: the mean of the crop
+        to_px = lambda v: v * (24 - 1) / 2 + (24 - 1) / 2  # noqa: E731
+        raw = enc.pixel_pool(enc.pixel(im), gain=enc.pixel_log_gain.exp(), standardise=False)
+        assert to_px(enc(im)[0, -2].item()) == pytest.approx(19, abs=0.5)
+        assert abs(to_px(raw[0, -2].item()) - 11.5) < 1.5  # raw: the mean of the crop
     with pytest.raises(ConfigError, match="policy.pixel_gain: expected > 0"):
         policy_config({**KP, "pixel_keypoints": 1, "pixel_gain": 0})
-
-
-def test_a_keypoint_policy_saved_without_pixel_gain_loads_with_raw_colour_maps(tmp_path):
-    cfg = policy_config({**KP, "pixel_keypoints": 2, "pixel_gain": None})
-    torch.manual_seed(0)
-    p = make_policy(cfg, stats=UNIT_STATS).eval()
-    p.save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    del saved["pixel_gain"]  # a folder written before the setting existed
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    q = KeypointPolicy.from_pretrained(tmp_path)
-    assert q.config.pixel_gain is None and not q.encoder.pixel_standardise
-    img, state = torch.randint(0, 256, (1, 1, 3, 32, 32), dtype=torch.uint8), torch.rand(1, 1, 8)
-    torch.testing.assert_close(q(img, state), p(img, state))
 
 
 def test_keypoint_temporal_ensembling_averages_the_overlapping_chunks():
@@ -652,7 +637,7 @@ def test_experiment_runner_micro(data, tmp_path):
     doc2 = run_experiment(path, overrides=["eval.n_trials=2"], arms=["real"], log=lambda *_: None, progress=False)
     assert doc2["arms"][0]["panels"]["id"]["n_trials"] == 2 and weights.stat().st_mtime_ns == mtime
     # Panels scored in parallel processes (eval.workers) give the trials this process gives.
-    from comsim.policy.experiment import eval_key
+    from comsim.pipeline.experiment import eval_key
     par_cfg = load_experiment(path, ["eval.seed=11", "eval.workers=2"])
     run_experiment(par_cfg, arms=["real"], log=lambda *_: None, progress=False)
     par = json.loads((Path(by["real"]["dir"]) / f"eval-ood-{eval_key(par_cfg, 'ood')}.json").read_text())
@@ -709,7 +694,7 @@ def test_a_worker_ends_when_the_experiment_process_is_killed(tmp_path):
     import signal
     import time
     pid_file = tmp_path / "worker.pid"
-    script = (f"import os, time\nfrom comsim.policy.experiment import _pool\n"
+    script = (f"import os, time\nfrom comsim.pipeline.experiment import _pool\n"
               f"pool = _pool(1)\nopen({str(pid_file)!r}, 'w').write(str(pool.submit(os.getpid).result()))\n"
               "pool.submit(time.sleep, 120)\ntime.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT)
@@ -741,7 +726,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_gap_closed_is_the_share_of_the_oracle_gap():
-    from comsim.policy.experiment import gap_closed
+    from comsim.pipeline.experiment import gap_closed
     cfg = load_experiment(ROOT / "configs" / "experiments" / "lab_table.yaml")
 
     def arm(name, id_rate, ood_rate):
@@ -758,7 +743,7 @@ def test_lab_dataset_build_takes_start_regions(tmp_path):
     """`build: lab` with `regions`: the demonstrations start where the spec says (e.g. a wider
     cube region that covers the OOD panel), recorded in the lab's own look and physics."""
     from comsim.lab.truth import read_episode_truth
-    from comsim.policy.experiment import ensure_datasets
+    from comsim.pipeline.experiment import ensure_datasets
     box = {"x": [0.62, 0.66], "y": [-0.18, -0.15], "yaw": [0.0, 0.1]}
     cfg = load_experiment(micro_experiment({"real": str(tmp_path / "lab"), "sim": "x", "pseudo": "y"}, tmp_path / "exp"),
                           ["datasets.real.build=lab", "datasets.real.episodes=1", "datasets.real.seed=4",

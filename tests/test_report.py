@@ -197,7 +197,7 @@ def _run_dir(root: Path) -> Path:
                                                  "pseudo_real")], fps=10)
     _write_json(run / "pseudo_real" / "conversion.json", {
         "model": "/x/translator/final", "translator_hash": "0123456789abcdef", "input": "/x/sim", "input_episodes": 1,
-        "w_action": 1.0, "w_sim": 1.5, "steps": 8, "strength": 1.0, "seed": 0, "threads": 1})
+        "w_action": 1.0, "w_sim": 1.5, "num_steps": 8, "strength": 1.0, "seed": 0, "threads": 1})
     _twin(run)
     _translator(run)
     metrics = {name: {"pred": "p", "ref": "r", "episodes": 2, "frames": 16,
@@ -249,7 +249,7 @@ def test_report_page_from_a_run_dir(report):
     assert rows == {"lab record": "not run", "twin calibrate + replay": "not run",
                     "translator training": "done (600 of 600 steps)",
                     "factory generate": "failed: RuntimeError: IK failed", "convert": "done (1 episode)",
-                    "video metrics": "done", "policy experiment": "done"}, rows
+                    "video metrics": "done", "mix": "not run", "policy experiment": "done"}, rows
     assert "44.7 s" in stages and "2 min 5 s" in stages and "44.700" not in page  # times for people
 
     twin = _section(page, "Twin alignment")

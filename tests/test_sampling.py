@@ -17,15 +17,16 @@ from comsim.translator.codec import PixelCodec
 from comsim.translator.data import ActionNormalizer
 from comsim.translator.model import CompositionalVideoDiT
 from comsim.translator.pipeline import TranslatorPipeline
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.synthetic import make_synthetic_pairs
 
 REFERENCE = Path(__file__).parent / "data" / "sampling_reference.npz"
 # (scheduler shift, call arguments): all three guidance branches, a shifted schedule with
 # overlapping windows (7 frames, window 4), and SDEdit-style strength < 1
 CASES = {
-    "composed": (1.0, dict(num_steps=5, w_action=1.2, w_sim=1.5, seed=4)),
-    "shifted_windows": (3.0, dict(num_steps=6, w_action=0.0, w_sim=1.0, seed=1, overlap=2)),
-    "strength": (1.0, dict(num_steps=8, strength=0.5, seed=2)),
+    "composed": (1.0, SamplingParams(num_steps=5, w_action=1.2, w_sim=1.5), 4),
+    "shifted_windows": (3.0, SamplingParams(num_steps=6, w_action=0.0, w_sim=1.0, overlap=2), 1),
+    "strength": (1.0, SamplingParams(num_steps=8, strength=0.5), 2),
 }
 
 
@@ -42,9 +43,9 @@ def micro_pipeline(shift: float) -> TranslatorPipeline:
 
 
 def sample(name: str) -> np.ndarray:
-    shift, kwargs = CASES[name]
+    shift, sampling, seed = CASES[name]
     ep = make_synthetic_pairs(1, 7, 16, seed=3)[0]
-    return micro_pipeline(shift)(ep.frames["front_sim"], ep.action, **kwargs)
+    return micro_pipeline(shift)(ep.frames["front_sim"], ep.action, sampling, seed=seed)
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -65,16 +66,16 @@ def test_the_loop_calls_the_schedulers_step():
     step = pipe.scheduler.step
     pipe.scheduler.step = lambda *a, **k: calls.append(a[1]) or step(*a, **k)
     ep = make_synthetic_pairs(1, 4, 16, seed=3)[0]
-    pipe(ep.frames["front_sim"], ep.action, num_steps=5, seed=0)
+    pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=5), seed=0)
     assert len(calls) == 5 and torch.allclose(torch.stack(calls), pipe.scheduler.timesteps)
     # strength 0.5 runs the last half of the schedule, starting where the scheduler's begin index says
     calls.clear()
-    pipe(ep.frames["front_sim"], ep.action, num_steps=6, strength=0.5, seed=0)
+    pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=6, strength=0.5), seed=0)
     assert len(calls) == 3 and torch.allclose(torch.stack(calls), pipe.scheduler.timesteps[3:])
     # a stochastic flow-matching scheduler (its own step re-noises) gives other frames than the ODE one
-    ode = pipe(ep.frames["front_sim"], ep.action, num_steps=5, seed=0)
+    ode = pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=5), seed=0)
     pipe.scheduler = FlowMatchEulerDiscreteScheduler.from_config(pipe.scheduler.config, stochastic_sampling=True)
-    sde = pipe(ep.frames["front_sim"], ep.action, num_steps=5, seed=0)
+    sde = pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=5), seed=0)
     assert np.abs(ode.astype(int) - sde).mean() > 1.0
 
 

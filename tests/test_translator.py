@@ -21,6 +21,7 @@ from comsim.translator.data import (ActionNormalizer, LatentWindowDataset, Paire
 from comsim.translator.guidance import compose, guided_velocity
 from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
 from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, fit_on_training_pairs,
                                         flow_matching_loss, load_train_config, make_pipeline, train)
@@ -165,7 +166,7 @@ def test_sim_residual_starts_at_the_sim_video():
     pipe = TranslatorPipeline(model, PixelCodec(), FlowMatchEulerDiscreteScheduler(), ActionNormalizer(np.zeros(8), np.ones(8)),
                               num_frames=4, resolution=(16, 16))
     ep = make_synthetic_pairs(1, 6, 16, seed=2)[0]
-    out = pipe(ep.frames["front_sim"], ep.action, w_action=0.0, w_sim=1.0, num_steps=1, seed=0)
+    out = pipe(ep.frames["front_sim"], ep.action, SamplingParams(w_action=0.0, w_sim=1.0, num_steps=1), seed=0)
     assert np.abs(out.astype(int) - ep.frames["front_sim"]).max() <= 1
 
 
@@ -304,7 +305,7 @@ def test_vae_codecs_offline_and_in_a_pipeline(tmp_path):
     shutil.rmtree(tmp_path / "vae")  # the saved pipeline must not need the original folder
     again = TranslatorPipeline.from_pretrained(tmp_path / "pipe")
     eps = make_synthetic_pairs(1, 6, 16, seed=3)
-    args = dict(sim_video=eps[0].frames["front_sim"], actions=eps[0].action, num_steps=2, seed=1)
+    args = dict(sim_video=eps[0].frames["front_sim"], actions=eps[0].action, sampling=SamplingParams(num_steps=2), seed=1)
     assert np.array_equal(pipe(**args), again(**args))
     assert again(**args).shape == (6, 16, 16, 3)
 
@@ -329,31 +330,31 @@ def test_training_reduces_loss(trained):
 def test_save_load_reproduces_samples_exactly(trained, tmp_path):
     pipe = TranslatorPipeline.from_pretrained(trained)
     ep = make_synthetic_pairs(1, 7, 16, seed=9)[0]
-    a = pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=4)
+    composed = SamplingParams(w_action=1.2, w_sim=1.5, num_steps=3)
+    a = pipe(ep.frames["front_sim"], ep.action, composed, seed=4)
     pipe.save_pretrained(tmp_path / "copy")
-    b = TranslatorPipeline.from_pretrained(tmp_path / "copy")(ep.frames["front_sim"], ep.action, w_action=1.2,
-                                                               w_sim=1.5, num_steps=3, seed=4)
+    b = TranslatorPipeline.from_pretrained(tmp_path / "copy")(ep.frames["front_sim"], ep.action, composed, seed=4)
     assert a.shape == (7, 16, 16, 3) and a.dtype == np.uint8
     assert np.array_equal(a, b)
-    c = pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=5)
+    c = pipe(ep.frames["front_sim"], ep.action, composed, seed=5)
     assert not np.array_equal(a, c)
     # batched input, and SDEdit-style strength < 1 (fewer steps from the noised sim video)
-    batch = pipe(np.stack([ep.frames["front_sim"]] * 2), np.stack([ep.action] * 2), num_steps=3, seed=4,
-                 w_action=1.2, w_sim=1.5)
+    batch = pipe(np.stack([ep.frames["front_sim"]] * 2), np.stack([ep.action] * 2), composed, seed=4)
     assert batch.shape == (2, 7, 16, 16, 3)
-    pseudo = pipe.translate_episode(make_synthetic_pairs(1, 5, 32, seed=9)[0], num_steps=2, seed=1)
+    pseudo = pipe.translate_episode(make_synthetic_pairs(1, 5, 32, seed=9)[0], SamplingParams(num_steps=2), seed=1)
     assert pseudo.frames["front"].shape == (5, 16, 16, 3) and pseudo.provenance.source == "pseudo_real"
     assert pseudo.provenance.translator_hash == pipe.checkpoint_hash and pseudo.provenance.guidance["w_sim"] == 1.0
-    low = pipe(ep.frames["front_sim"], ep.action, num_steps=10, strength=0.2, seed=4)
+    low = pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=10, strength=0.2), seed=4)
     # calls without guidance settings use the ones saved from the training config (micro: 4 steps)
-    assert pipe.sampling == {"num_steps": 4, "w_action": 1.0, "w_sim": 1.0, "overlap": None}
+    assert pipe.sampling == SamplingParams(num_steps=4, w_action=1.0, w_sim=1.0, overlap=None)
     # a smaller window overlap (fewer windows per frame) samples other frames, and the episode records it
     assert pipe.resolve_overlap() == pipe.num_frames // 2
-    assert not np.array_equal(a, pipe(ep.frames["front_sim"], ep.action, w_action=1.2, w_sim=1.5, num_steps=3, seed=4,
-                                      overlap=pipe.resolve_overlap() - 1))
+    assert not np.array_equal(a, pipe(ep.frames["front_sim"], ep.action, SamplingParams(
+        w_action=1.2, w_sim=1.5, num_steps=3, overlap=pipe.resolve_overlap() - 1), seed=4))
     assert pseudo.provenance.guidance["overlap"] == pipe.num_frames // 2
     assert np.array_equal(pipe(ep.frames["front_sim"], ep.action, seed=4),
-                          pipe(ep.frames["front_sim"], ep.action, num_steps=4, w_action=1.0, w_sim=1.0, seed=4))
+                          pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=4, w_action=1.0, w_sim=1.0),
+                               seed=4))
     assert np.abs(low.astype(int) - ep.frames["front_sim"]).mean() < np.abs(a.astype(int) - ep.frames["front_sim"]).mean()
 
 
@@ -468,7 +469,7 @@ def test_object_weight_finds_the_twins_objects_in_the_label_video():
     """train.object_weight: the loss mask is the twin's objects (labels >= 2) from the seg control video, one pixel
     wider; the weighted loss is the weighted mean of the squared error."""
     from comsim.translator.training import object_pixels
-    from comsim.twin.camera_model import seg_to_rgb
+    from comsim.io.labels import seg_to_rgb
 
     labels = np.zeros((2, 16, 16), np.int32)
     labels[:, 2:6, 2:6] = 1  # the robot: not an object
@@ -493,7 +494,7 @@ def test_paste_twin_objects_draws_the_twins_cube_in_the_real_colour():
     """paste_twin_objects: the colour map of each object label is fit on the training pairs' object pixels (shrunk
     by one pixel); a sample with sim then shows, on the pixels the label video gives to that object, the twin's
     render through that map, whatever the network draws; elsewhere, and without sim, the network's frame."""
-    from comsim.twin.camera_model import seg_to_rgb
+    from comsim.io.labels import seg_to_rgb
 
     labels = np.zeros((4, 16, 16), np.int32)
     labels[:, 2:6, 2:6] = 1  # the robot: never pasted
@@ -561,7 +562,7 @@ def test_two_process_cpu_ddp(tmp_path):
 def test_long_episode_windows_without_seams(trained):
     pipe = TranslatorPipeline.from_pretrained(trained)
     ep = make_synthetic_pairs(1, 15, 16, seed=11)[0]
-    out = pipe(ep.frames["front_sim"], ep.action, num_steps=8, seed=0, overlap=2)
+    out = pipe(ep.frames["front_sim"], ep.action, SamplingParams(num_steps=8, overlap=2), seed=0)
     assert out.shape == (15, 16, 16, 3)
     # windows start at 0, 2, 4, 6, 8, 10, 11 (the last one aligned to the end): fresh frames begin at 4, 6, ...
     diffs = np.abs(np.diff(out.astype(np.float64), axis=0)).mean(axis=(1, 2, 3))  # diffs[i]: frame i -> i+1
@@ -569,7 +570,7 @@ def test_long_episode_windows_without_seams(trained):
     within = [i for i in range(len(diffs)) if i not in boundary]
     assert diffs[boundary].mean() <= 1.25 * diffs[within].mean(), (diffs[boundary], diffs[within])
     # a window shorter than the model's is padded, then cut back
-    assert pipe(ep.frames["front_sim"][:3], ep.action[:3], num_steps=2).shape == (3, 16, 16, 3)
+    assert pipe(ep.frames["front_sim"][:3], ep.action[:3], SamplingParams(num_steps=2)).shape == (3, 16, 16, 3)
 
 
 def test_window_overlap_is_pinned_to_the_previous_result(trained):

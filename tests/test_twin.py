@@ -464,9 +464,9 @@ def test_lab_alignment_end_to_end(tmp_path):
     """Lab push episodes, twin starting from its nominal camera (7.8 cm / 5.8 deg off): the
     camera, objects and replayed trajectories against the lab's hidden truth (report only)."""
     from comsim.lab.record import record_dataset
-    from comsim.twin.replay import replay_dataset
+    from comsim.lab.twin_truth import replay_and_score
     real = record_dataset("push", episodes=6, out=tmp_path / "lab", seed=1)
-    out = replay_dataset(real, CELL, tmp_path / "paired", mode="physics", log=lambda *a: None)
+    out = replay_and_score(real, CELL, tmp_path / "paired", mode="physics", log=lambda *a: None)
     rep = json.loads((out / "alignment_report.json").read_text())["summary"]
     # Measured (bench/twin_lab.py, 10 episodes, camera from the calibration stills; seeds 7 / 0):
     # 0.76 / 0.57 cm, 0.26 / 0.11 deg, IoU 0.985 / 0.978, objects (first frame) 0.61 / 0.65 cm

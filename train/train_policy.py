@@ -21,7 +21,7 @@ import sys
 from comsim.config import ConfigError, load_config
 from comsim.policy.config import PolicyRunConfig
 from comsim.policy.data import MixtureDataset
-from comsim.policy.experiment import arm_run, ensure_datasets, load_experiment
+from comsim.pipeline.experiment import arm_run, ensure_datasets, load_experiment
 from comsim.policy.training import train_policy
 
 

@@ -25,7 +25,8 @@ from comsim.sim.motion import CartesianCommander, UnreachableError, reachable
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
 from comsim.sim.spec import spec_hash
-from comsim.twin.camera_model import depth_to_rgb, normal_to_rgb, normals_from_depth, seg_to_rgb
+from comsim.io.labels import seg_to_rgb
+from comsim.twin.camera_model import depth_to_rgb, normal_to_rgb, normals_from_depth
 
 SETTLE_S = 0.5
 

@@ -11,18 +11,9 @@ A camera ``front`` of a paired, factory or converted dataset is stored under the
 """
 from __future__ import annotations
 
-import numpy as np
-
 SIM_SUFFIX = "_sim"
 CONTROLS = ("seg", "depth", "normal")  # the control channels a render can be recorded with
 
-# the seg video's colour of label i (0 background, 1 robot, 2 + k object k)
-SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 40, 40], [40, 90, 230], [40, 200, 60], [230, 200, 30],
-                        [200, 40, 200], [30, 200, 200], [240, 130, 20], [130, 70, 20]], np.uint8)
-# RGB distance within which a decoded pixel is its palette colour for certain. In the lab's label videos the
-# background and robot decode within 3 and 12 of theirs (99th percentile), the edge blends nearest to label 9 (no
-# such object) 40-110 away (median 60) (bench/fidelity.py RUN --decode-stats 3, the first 3 lab pairs).
-SEG_DECODE_TOLERANCE = 32
 
 
 def sim_key(camera: str) -> str:

@@ -63,6 +63,12 @@ DEFAULT_FEATURES = {
 IMAGE_STATS_FRAMES = 10  # frames per episode sampled for the image statistics
 
 
+def dataset_complete(root: str | Path) -> bool:
+    """True when ``root`` holds a finished dataset: ``close()`` writes meta/info.json last, so its
+    presence says every episode and file before it is complete."""
+    return (Path(root) / "meta" / "info.json").is_file()
+
+
 class DatasetError(ComSimError, ValueError):
     """A dataset on disk (or an episode written to it) is not what the format says."""
 

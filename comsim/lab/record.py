@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import InputError
-from comsim.io.lerobot import DatasetWriter
+from comsim.io.lerobot import DatasetWriter, dataset_complete
 from comsim.io.paths import OutputFolderError, claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
@@ -98,9 +98,8 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     # resuming rewrites OUT/calibration, which must never be a user's folder.
     claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded")
     writer = DatasetWriter(out, fps, resume=resume)  # without resume: refuses a non-empty folder
-    info = out / "meta" / "info.json"
-    if info.is_file():  # closed before
-        total = json.loads(info.read_text())["total_episodes"]
+    if dataset_complete(out):  # closed before
+        total = json.loads((out / "meta" / "info.json").read_text())["total_episodes"]
         if total != episodes:
             raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                              "appending is not supported, record into a new folder")

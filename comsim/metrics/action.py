@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-ROBOT_LABEL = 1
+from comsim.io.labels import ROBOT_LABEL, rgb_to_seg
 
 
 @dataclass
@@ -117,8 +117,6 @@ def robot_masks_from_labels(seg_frames: np.ndarray, size: tuple[int, int] | None
     """The twin's robot masks, bool (T, H, W), from its label video (``<cam>_sim_seg``: palette
     colours after lossy coding, uint8 (T, H, W, 3)). At another ``size`` (h, w) a pixel is robot
     where the robot covers at least half of it."""
-    from comsim.twin.camera_model import rgb_to_seg  # the palette is the twin's; no MuJoCo at import
-
     robot = rgb_to_seg(np.asarray(seg_frames)) == ROBOT_LABEL
     if size is None or robot.shape[1:] == tuple(size):
         return robot

@@ -24,6 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.io.keys import seen_cameras
+from comsim.io.lerobot import dataset_complete
 from comsim.metrics import frame as fm
 from comsim.metrics.action import RobotColourModel, mask_iou, render_robot_masks
 from comsim.metrics.frechet import (I3D_CLIP_FRAMES, I3DFeatures, InceptionFeatures, MetricUnavailable, fid, fvd,
@@ -134,7 +135,7 @@ def open_video_source(path: str | Path, camera: str | None = None) -> VideoSourc
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: folder not found")
-    if (path / "meta" / "info.json").is_file():
+    if dataset_complete(path):
         return LeRobotSource(path, camera)
     mp4s = sorted(path.glob("*.mp4"))
     if mp4s:

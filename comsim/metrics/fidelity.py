@@ -31,30 +31,13 @@ import numpy as np
 from scipy import ndimage
 
 from comsim.io.keys import seg_key
-from comsim.metrics.action import ROBOT_LABEL, mask_iou
+from comsim.io.labels import ROBOT_LABEL, labels_from_palette
+from comsim.metrics.action import mask_iou
 from comsim.workers import torch_threads
 
 WITHIN_PX = 2.0
 MIN_VISIBLE_PX = 4
 SEARCH_RADIUS_FRACTION = 6 / 128
-
-
-def labels_from_palette(seg_frames: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
-    """Twin label video (palette colours after lossy coding, uint8 (T, H, W, 3)) -> int labels (T, H, W),
-    or (T, *size) at another ``size`` (nearest neighbour: a label is never blended with its neighbour's)."""
-    from comsim.twin.camera_model import rgb_to_seg  # the palette is the twin's; no MuJoCo at import
-
-    seg = np.asarray(seg_frames)
-    if seg.dtype != np.uint8 or seg.ndim != 4 or seg.shape[-1] != 3:
-        raise ValueError(f"object fidelity: segmentation frames must be uint8 (T, H, W, 3) palette colours, "
-                         f"got {seg.dtype} {seg.shape}")
-    labels = rgb_to_seg(seg)
-    H, W = labels.shape[1:]
-    if size is None or (H, W) == tuple(size):
-        return labels
-    rows = (np.arange(size[0]) * H // size[0]).astype(int)
-    cols = (np.arange(size[1]) * W // size[1]).astype(int)
-    return labels[:, rows][:, :, cols]
 
 
 @dataclass

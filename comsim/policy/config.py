@@ -12,7 +12,6 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from comsim.config import PRECISIONS, ConfigError, from_dict
-from comsim.lab.cell import Region
 from comsim.policy.keypoint import KeypointConfig
 from comsim.policy.model import PRESETS, DiffusionConfig, diffusion_config  # noqa: F401  (re-exported)
 
@@ -117,38 +116,3 @@ class PolicyRunConfig:
 
     def model_config(self):
         return policy_config(self.policy)
-
-
-@dataclass
-class PanelConfig:
-    """Where the objects start in a closed-loop panel."""
-    kind: str = "id"  # id: the task's own regions | ood: boxes just outside them | custom: `layouts`
-    ood_margin: float = 0.01  # m between the in-distribution region and an OOD box
-    ood_width: float = 0.06  # m: depth of each OOD box
-    layouts: list[dict[str, Region]] = field(default_factory=list)  # custom: region overrides, one per box
-
-    def __post_init__(self):
-        if self.kind not in ("id", "ood", "custom"):
-            raise ConfigError(f"kind: expected id | ood | custom, got {self.kind!r}")
-        if self.kind == "custom" and not self.layouts:
-            raise ConfigError("layouts: a custom panel needs at least one layout")
-
-
-@dataclass
-class EvalConfig:
-    n_trials: int = 50  # per panel
-    seed: int = 100_000  # trial i starts from lab seed episode_seed(seed, i): never a training episode's seed
-    panels: dict[str, PanelConfig] = field(
-        default_factory=lambda: {"id": PanelConfig("id"), "ood": PanelConfig("ood")})
-    max_seconds: float | None = None  # episode timeout; None: the task's max_seconds
-    num_inference_steps: int | None = None  # DDIM steps; None: the policy's
-    videos: int = 0  # save the first N trials of each panel as mp4 (the first success and failure are always saved)
-    workers: int = 1  # processes scoring panels at once (one panel per process); results do not depend on it
-
-    def __post_init__(self):
-        if self.n_trials < 1:
-            raise ConfigError(f"eval.n_trials: expected >= 1, got {self.n_trials}")
-        if not self.panels:
-            raise ConfigError("eval.panels: at least one panel is needed")
-        if self.workers < 1:
-            raise ConfigError(f"eval.workers: expected >= 1, got {self.workers}")

@@ -21,9 +21,9 @@ a few pixels of one colour (the cube) take a keypoint whatever the convs' scale.
 the lab push task (validation seeds): neither set alone learns in a few thousand steps;
 together they do, and the standardised colour maps are what puts a keypoint on the cube.
 
-Normalisation as the Diffusion Policy's (min-max to [-1, 1], stored as buffers):
-``save_pretrained`` / ``from_pretrained`` reproduce actions exactly, and ``select_action``
-has the same signature, so the rollout and the experiment run either policy.
+Normalisation, the closed loop (with ``temporal_ensemble_coeff``) and saving are
+``comsim.policy.base.Policy``'s, as for the Diffusion Policy: the rollout and the experiment
+run either policy.
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ from safetensors.torch import load_file, save_file
 from comsim.config import ConfigError
 from comsim.io.video import atomic_output
 from comsim.episode import resize_frames
-from comsim.policy.model import CONFIG_NAME, WEIGHTS_NAME, MinMaxStats, SpatialSoftmax
+from comsim.policy.base import Policy
+from comsim.policy.model import SpatialSoftmax
 
 
 @dataclass
@@ -71,11 +72,11 @@ class KeypointConfig:
     pixel_keypoints: int = 0
     pixel_hidden: int = 16
     # the colour maps' softmax temperature: each map is standardised over its pixels, then
-    # multiplied by a learned gain starting here (null: raw maps, gain 10). A few cube pixels
-    # among thousands win only if they stand out by several spreads of the map; standardising
-    # makes that independent of the convs' scale, so the keypoint is sharp from the first step.
-    # Raw maps stayed diffuse on the lab push task (peak attention ~0.001 after 3000 steps)
-    pixel_gain: float | None = 3.0
+    # multiplied by a learned gain starting here. A few cube pixels among thousands win only if
+    # they stand out by several spreads of the map; standardising makes that independent of the
+    # convs' scale, so the keypoint is sharp from the first step (raw maps stay diffuse on the lab
+    # push task: peak attention ~0.001 after 3000 steps).
+    pixel_gain: float = 3.0
     # -- head
     use_state: bool = True  # the measured joint positions join the keypoints
     hidden_dim: int = 256
@@ -108,8 +109,8 @@ class KeypointConfig:
         if self.temporal_ensemble_coeff is not None and self.temporal_ensemble_coeff < 0:
             raise ConfigError(f"policy.temporal_ensemble_coeff: expected >= 0 or null, got "
                               f"{self.temporal_ensemble_coeff}")
-        if self.pixel_gain is not None and not self.pixel_gain > 0:
-            raise ConfigError(f"policy.pixel_gain: expected > 0 or null, got {self.pixel_gain}")
+        if not self.pixel_gain > 0:
+            raise ConfigError(f"policy.pixel_gain: expected > 0, got {self.pixel_gain}")
         if self.shift < 0 or self.mlp_layers < 1 or not 0 <= self.dropout < 1:
             raise ConfigError("policy: shift >= 0, mlp_layers >= 1 and dropout in [0, 1) expected")
 
@@ -121,7 +122,7 @@ class KeypointConfig:
                else f"{self.n_action_steps} actions per chunk")
         crop = f", crop {self.crop[2]}x{self.crop[3]} at ({self.crop[0]}, {self.crop[1]})" if self.crop else ""
         colour = f" + {self.pixel_keypoints} colour keypoints" if self.pixel_keypoints else ""
-        if self.pixel_keypoints and self.pixel_gain is not None:
+        if self.pixel_keypoints:
             colour += f" (standardised maps, gain {self.pixel_gain:g})"
         return (f"keypoint policy (CNN {list(self.channels)}, {self.num_keypoints} spatial-softmax keypoints{colour}, "
                 f"{self.image_size[0]}x{self.image_size[1]} images{crop}, L1 on chunks of {self.horizon}, {ens})")
@@ -148,9 +149,7 @@ class KeypointEncoder(nn.Module):
             self.pixel = nn.Sequential(nn.Conv2d(3, cfg.pixel_hidden, 1), nn.ReLU(inplace=True))
             self.pixel_pool = SpatialSoftmax(cfg.pixel_hidden, H, W, cfg.pixel_keypoints)
             # softmax over thousands of pixels: a gain lets a few pixels of one colour win
-            self.pixel_standardise = cfg.pixel_gain is not None
-            gain = cfg.pixel_gain if self.pixel_standardise else PIXEL_GAIN_INIT
-            self.pixel_log_gain = nn.Parameter(torch.tensor(math.log(gain)))
+            self.pixel_log_gain = nn.Parameter(torch.tensor(math.log(cfg.pixel_gain)))
         self.feature_dim = 2 * (cfg.num_keypoints + cfg.pixel_keypoints)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -162,12 +161,8 @@ class KeypointEncoder(nn.Module):
             # channels-last on the CPU (a 1-thread training step 102 vs 118 ms); eagerly, slower (154 vs 144).
             # The same function either way.
             colour = self.pixel(x.contiguous(memory_format=torch.channels_last) if torch.compiler.is_compiling() else x)
-            feats.append(self.pixel_pool(colour, gain=self.pixel_log_gain.exp(),
-                                         standardise=self.pixel_standardise))
+            feats.append(self.pixel_pool(colour, gain=self.pixel_log_gain.exp(), standardise=True))
         return torch.cat(feats, dim=-1)
-
-
-PIXEL_GAIN_INIT = 10.0
 
 
 def input_shape(cfg: KeypointConfig) -> tuple[int, int]:
@@ -184,7 +179,10 @@ def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator | None) -
     return torch.stack([padded[i, :, t:t + H, l:l + W] for i, (t, l) in enumerate(off)])
 
 
-class KeypointPolicy(MinMaxStats, nn.Module):
+class KeypointPolicy(Policy):
+    type = "keypoint"
+    config_class = KeypointConfig
+
     def __init__(self, cfg: KeypointConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
         super().__init__()
         self.config = cfg
@@ -239,75 +237,3 @@ class KeypointPolicy(MinMaxStats, nn.Module):
         Diffusion Policy's, accepted so callers need not tell the two apart)."""
         dev = self.action_min.device
         return self.unnormalize(self(images.to(dev), state.to(dev)), "action")
-
-    # -- closed loop
-    def reset(self) -> None:
-        """Forget the observation history and the pending chunks (call at every episode start)."""
-        self._obs: deque = deque(maxlen=self.config.n_obs_steps)
-        self._actions: deque = deque()
-        self._chunks: list[tuple[int, np.ndarray]] = []  # (frame the chunk's first action is for, chunk)
-        self._frame = 0
-
-    @torch.no_grad()
-    def select_action(self, obs: dict, generator: torch.Generator | None = None,
-                      num_inference_steps: int | None = None) -> np.ndarray:
-        """obs {"image": uint8 (H, W, 3) at any size, "state": (S,)} -> action (A,) float32."""
-        cfg = self.config
-        image = torch.from_numpy(resize_frames(np.asarray(obs["image"]), cfg.image_size)).permute(2, 0, 1)
-        state = torch.tensor(np.asarray(obs["state"], np.float32))  # a copy: obs arrays may be read-only
-        if not self._obs:  # episode start: repeat the first observation (as the training windows pad)
-            self._obs.extend([(image, state)] * cfg.n_obs_steps)
-        else:
-            self._obs.append((image, state))
-        t, start = self._frame, cfg.n_obs_steps - 1  # the chunk starts at the oldest observation
-        self._frame += 1
-        plan = t % cfg.n_action_steps == 0
-        if cfg.temporal_ensemble_coeff is None:
-            if not self._actions:
-                self._actions.extend(self._chunk()[start:start + cfg.n_action_steps])
-            return self._actions.popleft().astype(np.float32)
-        if plan:
-            self._chunks.append((t, self._chunk()[start:]))
-        self._chunks = [(t0, c) for t0, c in self._chunks if t - t0 < len(c)]
-        preds = np.stack([c[t - t0] for t0, c in self._chunks])  # oldest first
-        w = np.exp(-cfg.temporal_ensemble_coeff * np.arange(len(preds)))
-        return (w[:, None] * preds).sum(0).astype(np.float32) / w.sum()
-
-    def _chunk(self) -> np.ndarray:
-        images = torch.stack([i for i, _ in self._obs])[None]
-        states = torch.stack([s for _, s in self._obs])[None]
-        was_training = self.training
-        self.eval()
-        chunk = self.sample_actions(images, states)[0].cpu().numpy()
-        self.train(was_training)
-        return chunk
-
-    # -- save / load
-    def save_pretrained(self, path: str | Path, extra: dict | None = None) -> Path:
-        """``path``/config.json + model.safetensors (weights and normalisation stats), atomically."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        with atomic_output(path / WEIGHTS_NAME) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(tmp))
-        with atomic_output(path / CONFIG_NAME) as tmp:
-            tmp.write_text(json.dumps({"type": "keypoint", **self.config.to_dict(),
-                                       **({"extra": extra} if extra else {})}, indent=2) + "\n")
-        return path
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "KeypointPolicy":
-        from comsim.config import from_dict
-        path = Path(path)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (path / name).is_file():
-                raise FileNotFoundError(f"{path / name}: not found (not a saved KeypointPolicy folder)")
-        data = json.loads((path / CONFIG_NAME).read_text())
-        data.pop("extra", None)
-        kind = data.pop("type", "keypoint")
-        if kind != "keypoint":
-            raise ValueError(f"{path / CONFIG_NAME}: not a keypoint policy (type {kind!r})")
-        if data.get("pixel_keypoints") and "pixel_gain" not in data:
-            data["pixel_gain"] = None  # saved before standardised colour maps: it was trained on raw ones
-        policy = cls(from_dict(KeypointConfig, data, str(path / CONFIG_NAME)))
-        policy.load_state_dict(load_file(str(path / WEIGHTS_NAME), device=map_location))
-        return policy.eval()

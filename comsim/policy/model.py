@@ -9,9 +9,7 @@ deterministic for a given ``torch.Generator``. Closed loop (``select_action``): 
 last ``n_obs_steps`` observations, predict ``horizon`` actions, execute ``n_action_steps``
 of them (starting at the current step), then re-plan.
 
-Normalisation (LeRobot's for Diffusion Policy): actions and states min-max to [-1, 1] with
-statistics of the training mixture, stored as buffers, so ``save_pretrained`` /
-``from_pretrained`` (safetensors + config.json) reproduce actions exactly. Images: uint8 ->
+Normalisation, the closed loop and saving are ``comsim.policy.base.Policy``'s. Images: uint8 ->
 [-1, 1] after a resize to ``image_size`` (``comsim.episode.resize_frames``, as the data).
 """
 from __future__ import annotations
@@ -34,47 +32,7 @@ from torchvision.models.resnet import BasicBlock
 
 from comsim.config import ConfigError, from_dict
 from comsim.episode import resize_frames
-from comsim.io.video import atomic_output
-
-CONFIG_NAME, WEIGHTS_NAME = "config.json", "model.safetensors"
-STAT_RANGE_EPS = 1e-4  # a constant dimension is mapped to -1 instead of dividing by zero
-
-
-class MinMaxStats:
-    """Actions and states min-max to [-1, 1] with the training data's statistics (LeRobot's
-    normalisation for Diffusion Policy), kept as buffers ``action_min/max``, ``state_min/max``
-    so that a saved policy carries them. Mixed into an ``nn.Module``."""
-
-    def register_stats(self, action_dim: int, state_dim: int, stats: dict | None = None) -> None:
-        for key, dim in (("action", action_dim), ("state", state_dim)):
-            self.register_buffer(f"{key}_min", -torch.ones(dim))
-            self.register_buffer(f"{key}_max", torch.ones(dim))
-        if stats is not None:
-            self.set_stats(stats)
-
-    def set_stats(self, stats: dict) -> None:
-        """``stats``: {"action": {"min", "max"}, "observation.state": {"min", "max"}}."""
-        for key, name in (("action", "action"), ("state", "observation.state")):
-            lo = torch.as_tensor(np.asarray(stats[name]["min"], np.float32)).reshape(-1)
-            hi = torch.as_tensor(np.asarray(stats[name]["max"], np.float32)).reshape(-1)
-            if lo.shape != getattr(self, f"{key}_min").shape:
-                raise ValueError(f"stats[{name!r}] has {lo.numel()} dims, the policy expects "
-                                 f"{getattr(self, f'{key}_min').numel()}")
-            getattr(self, f"{key}_min").copy_(lo)
-            getattr(self, f"{key}_max").copy_(hi)
-
-    def _range(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
-        lo, hi = getattr(self, f"{key}_min"), getattr(self, f"{key}_max")
-        return lo, (hi - lo).clamp_min(STAT_RANGE_EPS)
-
-    def normalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, rng = self._range(key)
-        return (x - lo) / rng * 2 - 1
-
-    def unnormalize(self, x: torch.Tensor, key: str) -> torch.Tensor:
-        lo, rng = self._range(key)
-        return (x + 1) / 2 * rng + lo
-
+from comsim.policy.base import Policy
 
 @dataclass
 class DiffusionConfig:
@@ -339,7 +297,10 @@ class ConditionalUnet1d(nn.Module):
 # ----------------------------------------------------------------------------- policy
 
 
-class DiffusionPolicy(MinMaxStats, nn.Module):
+class DiffusionPolicy(Policy):
+    type = "diffusion"
+    config_class = DiffusionConfig
+
     def __init__(self, cfg: DiffusionConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
         """``stats``: {"action": {"min", "max"}, "observation.state": {"min", "max"}} of the training data."""
         super().__init__()
@@ -401,56 +362,6 @@ class DiffusionPolicy(MinMaxStats, nn.Module):
             x = self.sampler.step(self.unet(x, ts, cond), t, x).prev_sample
         return self.unnormalize(x, "action")
 
-    def reset(self) -> None:
-        """Forget the observation history and pending actions (call at every episode start)."""
-        self._obs: deque = deque(maxlen=self.config.n_obs_steps)
-        self._actions: deque = deque()
-
-    @torch.no_grad()
-    def select_action(self, obs: dict, generator: torch.Generator | None = None,
-                      num_inference_steps: int | None = None) -> np.ndarray:
-        """obs {"image": uint8 (H, W, 3) at any size, "state": (S,)} -> action (A,) float32."""
-        cfg = self.config
-        image = torch.from_numpy(resize_frames(np.asarray(obs["image"]), cfg.image_size)).permute(2, 0, 1)
-        state = torch.tensor(np.asarray(obs["state"], np.float32))  # a copy: obs arrays may be read-only
-        if not self._obs:  # episode start: repeat the first observation (as LeRobot pads)
-            self._obs.extend([(image, state)] * cfg.n_obs_steps)
-        else:
-            self._obs.append((image, state))
-        if not self._actions:
-            images = torch.stack([i for i, _ in self._obs])[None]
-            states = torch.stack([s for _, s in self._obs])[None]
-            was_training = self.training
-            self.eval()
-            chunk = self.sample_actions(images, states, generator, num_inference_steps)[0].cpu()
-            self.train(was_training)
-            start = cfg.n_obs_steps - 1  # the chunk starts at the oldest observation
-            self._actions.extend(chunk[start:start + cfg.n_action_steps].numpy())
-        return self._actions.popleft().astype(np.float32)
-
-    # -- save / load
-    def save_pretrained(self, path: str | Path, extra: dict | None = None) -> Path:
-        """``path``/config.json + model.safetensors (weights and normalisation stats), atomically."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        with atomic_output(path / WEIGHTS_NAME) as tmp:
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}, str(tmp))
-        with atomic_output(path / CONFIG_NAME) as tmp:
-            tmp.write_text(json.dumps({"type": "diffusion", **self.config.to_dict(), **({"extra": extra} if extra else {})},
-                                      indent=2) + "\n")
-        return path
-
     @classmethod
-    def from_pretrained(cls, path: str | Path, map_location: str = "cpu") -> "DiffusionPolicy":
-        path = Path(path)
-        for name in (CONFIG_NAME, WEIGHTS_NAME):
-            if not (path / name).is_file():
-                raise FileNotFoundError(f"{path / name}: not found (not a saved DiffusionPolicy folder)")
-        data = json.loads((path / CONFIG_NAME).read_text())
-        data.pop("type", None)
-        data.pop("extra", None)
-        data["pretrained_backbone"] = None  # the weights below hold the backbone
-        cfg = from_dict(DiffusionConfig, data, str(path / CONFIG_NAME))
-        policy = cls(cfg)
-        policy.load_state_dict(load_file(str(path / WEIGHTS_NAME), device=map_location))
-        return policy.eval()
+    def config_for_loading(cls, data: dict) -> dict:
+        return {**data, "pretrained_backbone": None}  # the saved weights hold the backbone

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from comsim.policy.config import DiffusionConfig
 from comsim.policy.keypoint import KeypointConfig, KeypointPolicy
-from comsim.policy.model import CONFIG_NAME, DiffusionPolicy
+from comsim.policy.base import CONFIG_NAME
+from comsim.policy.model import DiffusionPolicy
 
 CLASSES = {"diffusion": (DiffusionConfig, DiffusionPolicy), "keypoint": (KeypointConfig, KeypointPolicy)}
 

@@ -26,7 +26,7 @@ from comsim.io.files import write_json
 from comsim.memory import keep_freed_memory
 from comsim.policy.config import PolicyRunConfig
 from comsim.policy.data import MixtureDataset
-from comsim.policy.model import WEIGHTS_NAME
+from comsim.policy.base import WEIGHTS_NAME
 from comsim.policy.policies import make_policy
 
 LOG_NAME = "train_log.json"

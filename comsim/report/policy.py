@@ -1,6 +1,6 @@
 """The report's policy section: success rates, and what the rollouts look like.
 
-Reads the experiment's ``results.json`` (``comsim.policy.experiment``) and, for every arm
+Reads the experiment's ``results.json`` (``comsim.pipeline.experiment``) and, for every arm
 and panel, the panel's eval file in the arm's folder (``arms/<arm>-<hash>/eval-<panel>-<key>.json``)
 with its per-trial list: ``seed``, ``success``, ``start_xy``, ``final_xy`` (the main object's
 [x, y], or {object: [x, y]}), ``target_xy`` ([x, y] or null) and ``video`` (an mp4 path

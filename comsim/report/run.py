@@ -17,6 +17,7 @@ from pathlib import Path
 
 from comsim.convert import HEADER_FILE, REPORT_FILE
 from comsim.io.keys import seen_cameras, sim_key
+from comsim.io.lerobot import dataset_complete
 from comsim.report.html import Report, fmt_seconds, read_json
 from comsim.report.plots import bar_chart_svg
 from comsim.report.policy import policy_section
@@ -91,7 +92,7 @@ def _stage_rows(run: Path, timings: dict, failures: dict, left_out: dict | None 
         if name in failures:
             why = str(failures[name])
             status = why if why.startswith("skipped") else f"failed: {why}"
-        elif kind == "dataset" and (path / "meta" / "info.json").is_file():
+        elif kind == "dataset" and dataset_complete(path):
             n = _dataset_len(path)
             status = f"done ({n} episode{'' if n == 1 else 's'})" if isinstance(n, int) else f"error: {n}"
         elif name == TRANSLATOR and (layout.translator / TRAIN_SUMMARY).is_file():
@@ -132,7 +133,7 @@ def _dataset_len(path: Path):
 
 def _open(path: Path):
     """The dataset at ``path``, or None when absent / unreadable (the stage table says which)."""
-    if not (path / "meta" / "info.json").is_file():
+    if not dataset_complete(path):
         return None
     from comsim.io.lerobot import LeRobotDataset
 
@@ -293,8 +294,8 @@ def _convert(rep: Report, run: Path, timings: dict, left_out: str | None = None)
     row["frames/s (stage wall time)" if note else "frames/s"] = (f"{fps:.2f}" if isinstance(fps, (int, float))
                                                                  else "not recorded")
     row["time"] = fmt_seconds(seconds)
-    for k in ("w_action", "w_sim", "steps", "strength", "overlap", "seed", "threads"):
-        row[{"steps": "sampling steps", "overlap": "window overlap"}.get(k, k)] = header.get(k, "-")
+    for k in ("w_action", "w_sim", "num_steps", "strength", "overlap", "seed", "threads"):
+        row[{"num_steps": "sampling steps", "overlap": "window overlap"}.get(k, k)] = header.get(k, "-")
     row["translator"] = header.get("translator_hash", "-")
     rep.table([row], caption="batch sim -> pseudo-real conversion (guidance: v = v_none + w_action (v_action - "
                              "v_none) + w_sim (v_sim - v_none))")

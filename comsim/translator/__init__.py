@@ -2,7 +2,7 @@
 
     from comsim.translator import TranslatorPipeline
     pipe = TranslatorPipeline.from_pretrained("runs/translator-tiny/final")
-    frames = pipe(sim_frames, actions, w_action=1.0, w_sim=1.0, num_steps=20, seed=0)
+    frames = pipe(sim_frames, actions, SamplingParams(num_steps=20, w_action=1.0, w_sim=1.0), seed=0)
 
 model.py      CompositionalVideoDiT (diffusers ModelMixin/ConfigMixin)
 codec.py      PixelCodec, DiffusersVAECodec (image VAE per frame, video VAE per clip)

@@ -36,7 +36,7 @@ from diffusers.models.embeddings import TimestepEmbedding, Timesteps, apply_rota
 from diffusers.models.modeling_utils import ModelMixin
 from einops import rearrange
 
-from comsim.io.keys import SEG_DECODE_TOLERANCE, SEG_PALETTE
+from comsim.io.labels import SEG_DECODE_TOLERANCE, SEG_PALETTE
 
 
 PREDICTION_TYPES = ("velocity", "sample")

@@ -3,7 +3,7 @@
 A folder written by ``save_pretrained`` holds everything needed to sample offline:
 
     translator.json        camera, window (num_frames, resolution), action_dim, controls, provenance,
-                           sampling (the num_steps, w_action, w_sim that calls use unless told otherwise)
+                           sampling (the SamplingParams that calls use unless told otherwise)
     transformer/           CompositionalVideoDiT (config.json + safetensors)
     scheduler/             FlowMatchEulerDiscreteScheduler config (timesteps, sigmas and step of the loop)
     codec.json (+ vae/)    the codec; a VAE's weights are copied in
@@ -35,43 +35,46 @@ from comsim.translator.codec import load_codec
 from comsim.translator.data import ActionNormalizer, encode_condition, tensor_to_video, video_to_tensor
 from comsim.translator.guidance import guided_velocity
 from comsim.translator.model import CompositionalVideoDiT
+from comsim.translator.sampling import DEFAULT_SAMPLING, SamplingParams
 
 
 class TranslatorMismatchError(ComSimError, ValueError):
     """A checkpoint or an input does not fit what the model was built for."""
 
 
-# overlap None: half a window (default_overlap)
-DEFAULT_SAMPLING = {"num_steps": 20, "w_action": 1.0, "w_sim": 1.0, "overlap": None}
-
-
-def sampling_defaults(directory: str | Path) -> dict:
+def sampling_defaults(directory: str | Path) -> SamplingParams:
     """The sampling settings a saved pipeline asks for (its training config's ``sampling``), read
-    from translator.json without loading weights; folders saved before they were stored get
-    DEFAULT_SAMPLING."""
+    from translator.json without loading weights."""
     meta = json.loads((Path(directory) / "translator.json").read_text())
-    return {**DEFAULT_SAMPLING, **meta.get("sampling", {})}
+    return own_sampling(meta.get("sampling"))
+
+
+def own_sampling(saved: dict | SamplingParams | None) -> SamplingParams:
+    """A pipeline's own SamplingParams from what translator.json records (every field filled)."""
+    if isinstance(saved, SamplingParams):
+        return saved.resolved(DEFAULT_SAMPLING)
+    unknown = set(saved or {}) - set(DEFAULT_SAMPLING.to_dict())
+    if unknown:
+        raise ValueError(f"sampling has unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_SAMPLING.to_dict())}")
+    return SamplingParams(**(saved or {})).resolved(DEFAULT_SAMPLING)
 
 
 class TranslatorPipeline:
     def __init__(self, transformer: CompositionalVideoDiT, codec, scheduler: FlowMatchEulerDiscreteScheduler,
                  normalizer: ActionNormalizer, camera: str = "front", num_frames: int = 8,
                  resolution: tuple[int, int] = (32, 32), controls: tuple[str, ...] = (), fps: float = 10.0,
-                 provenance: dict | None = None, sampling: dict | None = None):
+                 provenance: dict | None = None, sampling: dict | SamplingParams | None = None):
         self.transformer, self.codec, self.scheduler, self.normalizer = transformer, codec, scheduler, normalizer
         self.camera, self.num_frames, self.resolution = camera, int(num_frames), tuple(resolution)
         self.controls, self.fps, self.provenance = tuple(controls), fps, dict(provenance or {})
-        unknown = set(sampling or {}) - set(DEFAULT_SAMPLING)
-        if unknown:
-            raise ValueError(f"sampling has unknown keys {sorted(unknown)}; expected {sorted(DEFAULT_SAMPLING)}")
-        self.sampling = {**DEFAULT_SAMPLING, **(sampling or {})}
+        self.sampling = own_sampling(sampling)
         self._check_consistency()
 
     # -- consistency -----------------------------------------------------------------------
     def info(self) -> dict:
         return {"camera": self.camera, "num_frames": self.num_frames, "resolution": list(self.resolution),
                 "controls": list(self.controls), "action_dim": self.normalizer.dim, "fps": self.fps,
-                "provenance": self.provenance, "sampling": self.sampling}
+                "provenance": self.provenance, "sampling": self.sampling.to_dict()}
 
     def _check_consistency(self):
         mc = self.transformer.config
@@ -146,9 +149,9 @@ class TranslatorPipeline:
         return next(self.transformer.parameters()).device
 
     # -- inputs ----------------------------------------------------------------------------
-    def check_inputs(self, sim_video, actions, controls=None, w_action=1.0, w_sim=1.0, num_steps=20,
-                     strength=1.0, overlap=None):
-        """Validate everything before any compute; returns batched (sim, actions, controls)."""
+    def check_inputs(self, sim_video, actions, controls=None, sampling: SamplingParams | None = None):
+        """Validate everything before any compute; returns batched (sim, actions, controls), the overlap."""
+        sampling = (sampling or SamplingParams()).resolved(self.sampling)
         sim = np.asarray(sim_video)
         if sim.dtype != np.uint8 or sim.ndim not in (4, 5) or sim.shape[-1] != 3:
             raise ValueError(f"sim_video must be uint8 (T, H, W, 3) or (B, T, H, W, 3), got {sim.dtype} {sim.shape}")
@@ -182,14 +185,10 @@ class TranslatorPipeline:
             if c.shape != sim.shape or c.dtype != np.uint8:
                 raise ValueError(f"controls[{name!r}] must be uint8 {sim.shape}, got {c.dtype} {c.shape}")
             ctrl.append(c)
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        if not 0.0 < strength <= 1.0:
-            raise ValueError(f"strength must be in (0, 1], got {strength}")
-        if strength < 1.0 and self.transformer.config.in_channels > self.transformer.config.sim_channels:
+        if sampling.strength < 1.0 and self.transformer.config.in_channels > self.transformer.config.sim_channels:
             raise ValueError("strength < 1 starts from the sim latents, which need as many channels as the output")
         self.codec.check_frames(self.num_frames, "num_frames")
-        ov = self.resolve_overlap(overlap)
+        ov = self.resolve_overlap(sampling.overlap)
         if T > self.num_frames and not 0 < ov < self.num_frames:
             raise ValueError(f"overlap must be in [1, num_frames={self.num_frames}), got {ov}")
         if T > self.num_frames and self.codec.temporal_factor > 1 and (ov - 1) % self.codec.temporal_factor:
@@ -204,15 +203,10 @@ class TranslatorPipeline:
 
     def resolve_overlap(self, overlap: int | None = None) -> int:
         """``overlap``, else the pipeline's own sampling setting, else half a window."""
-        own = self.sampling.get("overlap")
+        own = self.sampling.overlap
         return int(overlap) if overlap is not None else int(own) if own is not None else self.default_overlap()
 
     # -- sampling --------------------------------------------------------------------------
-    def _resolve(self, w_action, w_sim, num_steps) -> tuple[float, float, int]:
-        d = self.sampling
-        return (float(d["w_action"] if w_action is None else w_action), float(d["w_sim"] if w_sim is None else w_sim),
-                int(d["num_steps"] if num_steps is None else num_steps))
-
     def _timesteps(self, num_steps: int, strength: float) -> torch.Tensor:
         """Set the scheduler up for one window and return the timesteps to run: all ``num_steps``
         at strength 1; a strength < 1 runs only the last ones (the scheduler starts at that index)."""
@@ -249,30 +243,28 @@ class TranslatorPipeline:
         return x
 
     @torch.no_grad()
-    def __call__(self, sim_video, actions, w_action: float | None = None, w_sim: float | None = None,
-                 num_steps: int | None = None, strength: float = 1.0, seed: int = 0, overlap: int | None = None, controls: dict | None = None,
-                 progress: bool = False, precision: str = "fp32") -> np.ndarray:
+    def __call__(self, sim_video, actions, sampling: SamplingParams | None = None, seed: int = 0,
+                 controls: dict | None = None, progress: bool = False, precision: str = "fp32") -> np.ndarray:
         """Translate ``sim_video`` uint8 (T, H, W, 3) [or (B, T, H, W, 3)] with raw ``actions`` (T, A)
         [or (B, T, A)] into uint8 pseudo-real frames of the same shape.
 
         Args:
-            w_action, w_sim: guidance weights (1, 0: action-only; 0, 1: sim-only).
-            num_steps: Euler steps for strength 1.
-            (None: this pipeline's ``sampling`` defaults, saved from its training config.)
-            strength: < 1 starts from the sim video noised to that level (fewer steps, SDEdit).
+            sampling: SamplingParams: guidance weights w_action, w_sim (1, 0: action-only; 0, 1:
+                sim-only), num_steps (Euler steps at strength 1), strength (< 1 starts from the sim
+                video noised to that level, SDEdit), overlap (frames shared by consecutive windows of
+                a long episode; each frame costs about num_frames / (num_frames - overlap) windows).
+                None fields: this pipeline's own settings, saved from its training config (overlap:
+                else half a window).
             seed: the noise seed; the same seed gives the same frames.
-            overlap: frames shared by consecutive windows of a long episode (default: the pipeline's
-                sampling setting, else num_frames // 2). Each frame costs about
-                num_frames / (num_frames - overlap) windows.
             controls: {name: uint8 video} for a translator trained with control channels.
             precision: fp32, or bf16 (the transformer under torch.autocast: on CPUs with AMX /
                 AVX512-BF16 ~0.85 of the float32 time, frames within a few grey levels).
         """
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
-        w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
-        batched, sim, act, ctrl, overlap = self.check_inputs(sim_video, actions, controls, w_action, w_sim,
-                                                             num_steps, strength, overlap)
+        sampling = (sampling or SamplingParams()).resolved(self.sampling)
+        batched, sim, act, ctrl, overlap = self.check_inputs(sim_video, actions, controls, sampling)
+        num_steps, w_action, w_sim, strength = sampling.num_steps, sampling.w_action, sampling.w_sim, sampling.strength
         B, L = sim.shape[:2]
         N = self.num_frames
         if L < N:  # pad short episodes by holding the last frame and action
@@ -326,16 +318,15 @@ class TranslatorPipeline:
         frames = tensor_to_video(out)[:, :L]
         return frames if batched else frames[0]
 
-    def translate_episode(self, episode, w_action: float | None = None, w_sim: float | None = None,
-                          num_steps: int | None = None, strength: float = 1.0, seed: int = 0,
-                          overlap: int | None = None, extra: dict | None = None, **kwargs):
+    def translate_episode(self, episode, sampling: SamplingParams | None = None, seed: int = 0,
+                          extra: dict | None = None, **kwargs):
         """A pseudo-real Episode from a sim or paired Episode (its ``<camera>_sim`` frames and actions).
 
         The one place a pseudo-real episode is made (``comsim convert`` and the demo's held-out
         episodes call it). The sim (and control) frames are resized to the translator's resolution
         and translated; the result holds the episode's own frames, as they are, with ``<camera>``
         replaced by the generated ones, and provenance: source ``pseudo_real``, this translator's
-        hash, ``guidance`` = {w_action, w_sim, num_steps, strength, overlap} as sampled (and ``precision``
+        hash, ``guidance`` = the SamplingParams as sampled, every field filled (and ``precision``
         when not fp32), the seed, and in ``extra`` the sim episode's seed and provenance (plus ``extra``).
         """
         key = sim_key(self.camera)
@@ -344,15 +335,13 @@ class TranslatorPipeline:
         sim = resize_frames(episode.frames[key], self.resolution)
         controls = {c: resize_frames(episode.frames[control_key(self.camera, c)], self.resolution) for c in self.controls
                     if control_key(self.camera, c) in episode.frames} or None
-        w_action, w_sim, num_steps = self._resolve(w_action, w_sim, num_steps)
-        overlap = self.resolve_overlap(overlap)
-        frames = self(sim, episode.action, w_action=w_action, w_sim=w_sim, num_steps=num_steps,
-                      strength=strength, seed=seed, overlap=overlap, controls=controls, **kwargs)
+        sampling = (sampling or SamplingParams()).resolved(self.sampling)
+        sampling.overlap = self.resolve_overlap(sampling.overlap)
+        frames = self(sim, episode.action, sampling, seed=seed, controls=controls, **kwargs)
         src = episode.provenance
         prov = Provenance(source="pseudo_real", task=src.task, seed=int(seed), twin_spec_hash=src.twin_spec_hash,
                           translator_hash=getattr(self, "checkpoint_hash", None),
-                          guidance={"w_action": w_action, "w_sim": w_sim, "num_steps": num_steps,
-                                    "strength": float(strength), "overlap": overlap,
+                          guidance={**sampling.to_dict(),
                                     **({"precision": kwargs["precision"]} if kwargs.get("precision", "fp32") != "fp32"
                                        else {})},
                           extra={"sim_seed": src.seed, "sim_provenance": src.to_dict(), **(extra or {})})

@@ -34,6 +34,7 @@ from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, split_episodes)
 from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, twin_object_labels, velocity_from_output
+from comsim.translator.sampling import SamplingParams
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 
 
@@ -133,12 +134,16 @@ class TrainConfig:
 
 
 @dataclass
-class SamplingConfig:
+class SamplingConfig(SamplingParams):
+    """The ``sampling:`` section: the translator's own SamplingParams (saved with it) and its scheduler's shift."""
     num_steps: int = 20
-    shift: float = 1.0  # FlowMatchEulerDiscreteScheduler shift
     w_action: float = 1.0
     w_sim: float = 1.0
-    overlap: int | None = None  # frames shared by consecutive windows of an episode (None: half a window)
+    shift: float = 1.0  # FlowMatchEulerDiscreteScheduler shift
+
+    def params(self) -> SamplingParams:
+        return SamplingParams(num_steps=self.num_steps, w_action=self.w_action, w_sim=self.w_sim,
+                              overlap=self.overlap, strength=self.strength)
 
 
 @dataclass
@@ -352,8 +357,7 @@ def make_pipeline(cfg, model, codec, normalizer, fps: float, provenance: dict | 
     return TranslatorPipeline(model, codec, build_scheduler(cfg), normalizer, camera=cfg.data.camera,
                               num_frames=cfg.data.num_frames, resolution=tuple(cfg.data.resolution),
                               controls=tuple(cfg.data.controls), fps=fps, provenance=provenance,
-                              sampling={"num_steps": cfg.sampling.num_steps, "w_action": cfg.sampling.w_action,
-                                        "w_sim": cfg.sampling.w_sim, "overlap": cfg.sampling.overlap})
+                              sampling=cfg.sampling.params())
 
 
 def object_pixels(sim: torch.Tensor, controls, size) -> torch.Tensor:
@@ -682,8 +686,7 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
         sim = resize_frames(ep.frames[val_ds.keys[1]], val_ds.resolution)
         real = resize_frames(ep.frames[val_ds.keys[0]], val_ds.resolution)
         controls = {c: resize_frames(ep.frames[k], val_ds.resolution) for c, k in zip(cfg.data.controls, val_ds.keys[2:])}
-        gen = pipe(sim, ep.action, w_action=cfg.sampling.w_action, w_sim=cfg.sampling.w_sim,
-                   num_steps=cfg.sampling.num_steps, seed=cfg.train.seed, controls=controls or None)
+        gen = pipe(sim, ep.action, cfg.sampling.params(), seed=cfg.train.seed, controls=controls or None)
         sims.append(sim), gens.append(gen), reals.append(real)
     metrics = {"val_psnr": mean_psnr(zip(gens, reals)), "val_psnr_sim": mean_psnr(zip(sims, reals))}
     accelerator.log(metrics, step=step)

@@ -4,13 +4,13 @@
     calibrate_folder(folder, robot="panda", out=DIR)     # comsim twin calibrate: DIR/calibration.json + overlays
     from comsim.twin.replay import replay_dataset
     replay_dataset(real, twin_yaml, out, mode="physics")  # comsim twin replay: paired LeRobotDataset + report
-    from comsim.twin.alignment_report import alignment_report  # OUT/alignment_report.json (+ lab truth scoring)
+    from comsim.twin.alignment_report import alignment_report  # OUT/alignment_report.json
 
 Modules: silhouette (robot-only renderer), pose_fit (coarse search + contour Gauss-Newton),
 calibrate (robust calibration, unsynchronized frames, PnP, checkerboard), frames (folder
 loading and checks), masks (robot masks without a board or masks), align (dataset-level
 alignment rounds), localize (objects on the table), colors (material matching),
 camera_model (the real camera's distortion for the twin's view), replay, overlay (silhouette
-outlines on frames), alignment_report (scores a replay), lab_pairs (paired data from the lab).
+outlines on frames), alignment_report (scores a replay against masks derived from the real frames).
 """
 import comsim.sim  # noqa: F401  (picks the headless GL backend before mujoco is imported)

@@ -13,7 +13,6 @@ import copy
 import cv2
 import numpy as np
 
-from comsim.io.keys import SEG_DECODE_TOLERANCE, SEG_PALETTE  # noqa: F401 (the label video's encoding)
 from comsim.sim.camera import as_K
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
@@ -87,29 +86,6 @@ class RealCameraView:
 
     def close(self) -> None:
         self.renderer.close()
-
-
-def seg_to_rgb(labels: np.ndarray) -> np.ndarray:
-    """Labels (CONTRACTS.md) as a palette video frame (far-apart colours survive H.264)."""
-    return SEG_PALETTE[np.clip(labels, 0, len(SEG_PALETTE) - 1)]
-
-
-def rgb_to_seg(img: np.ndarray) -> np.ndarray:
-    """Inverse of ``seg_to_rgb`` after lossy coding: the nearest palette colour among the labels present.
-
-    H.264 blends colours across label edges (4:2:0 chroma): red (230, 40, 40) next to black decodes
-    as about (160, 66, 68), and white next to black as grey; both lie nearest to label 9's brown, so
-    a plain nearest-colour decode grows a phantom object along every cube and arm edge and takes
-    those pixels from the object's own mask. A label is present only if some pixel of ``img`` (a
-    frame or a whole video) decodes within ``SEG_DECODE_TOLERANCE`` of its colour; every pixel then
-    takes the nearest colour among the present labels and the background."""
-    d = ((img[..., None, :].astype(np.int32) - SEG_PALETTE.astype(np.int32)) ** 2).sum(-1)
-    nearest = d.argmin(-1)
-    confident = d.min(-1) <= SEG_DECODE_TOLERANCE ** 2
-    present = np.bincount(nearest[confident], minlength=len(SEG_PALETTE)) > 0
-    present[0] = True
-    d[..., ~present] = np.iinfo(np.int32).max
-    return d.argmin(-1).astype(np.int32)
 
 
 def normals_from_depth(depth: np.ndarray, K) -> np.ndarray:

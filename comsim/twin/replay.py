@@ -40,14 +40,15 @@ from tqdm.auto import tqdm
 from comsim.episode import SOURCES, Episode, Provenance
 from comsim.errors import InputError
 from comsim.io.keys import depth_key, normal_key, seg_key, sim_key
-from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset
+from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset, dataset_complete
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
 from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, spec_hash
 from comsim.twin.align import (aligned_spec, calibrate_dataset, calibrate_stills, camera_key, dataset_intrinsics,
                                stills_background, stills_folder)
 from comsim.twin.calibrate import load_calibration
-from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, seg_to_rgb, with_render_camera
+from comsim.io.labels import seg_to_rgb
+from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import localize_objects
@@ -280,7 +281,7 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
             raise OutputFolderError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
-        if (out / "meta" / "info.json").is_file():
+        if dataset_complete(out):
             log(f"[replay] {out} is already complete")
             _report(out, real, report and "seg" in channels, log)
             return out

@@ -7,17 +7,17 @@ An experiment names its datasets (``datasets``: path, and how to build it when m
 its arms (``arms``: mixtures of those datasets with a synthetic fraction) and optionally a
 synthetic-fraction sweep (``sweep``: one mixture, several fractions; each fraction is one
 more arm). Each arm trains one policy (``comsim.policy.training``) and is scored on every
-panel of ``eval`` (``comsim.policy.rollout``; in-distribution and out-of-distribution
+panel of ``eval`` (``comsim.lab.rollout``; in-distribution and out-of-distribution
 object positions); ``claim`` says which arm should beat which, by a margin outside the 95%
 intervals (lower bound above the other's upper bound), and the result says whether it did.
 
 Resumable: arm ``a`` lives in ``output_dir/arms/<a>-<hash of its data, policy and training
 config>``; a finished policy is not retrained, a finished panel not re-scored (its file is
 keyed by the eval config), so rerunning the command only does what is missing. Missing
-datasets are built by the earlier stages' library code as their spec says (``build: lab``
-records demonstrations, ``factory`` generates sim episodes, ``convert`` translates them into
-pseudo-real ones); an arm whose data cannot be made (no translator yet, no ``build``) is
-skipped, with the reason in the table.
+datasets are built by the run's stage functions as their spec says (``comsim.pipeline.stages``:
+``build: lab`` records demonstrations, ``factory`` generates sim episodes, ``convert`` translates
+them into pseudo-real ones); an arm whose data cannot be made (no translator yet, no ``build``)
+is skipped, with the reason in the table.
 """
 from __future__ import annotations
 
@@ -29,12 +29,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from comsim.config import PRECISIONS, ConfigError, apply_overrides, from_dict, load_yaml, to_dict
+from comsim.config import PRECISIONS, ConfigError, load_config, to_dict
 from comsim.episode import hash_dict
-from comsim.io.video import atomic_output
+from comsim.io.files import atomic_output
+from comsim.io.lerobot import dataset_complete
 from comsim.lab.cell import Region
-from comsim.policy.config import EvalConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig, policy_config
+from comsim.lab.record import STILLS
+from comsim.lab.rollout import PanelConfig
+from comsim.pipeline import stages
+from comsim.policy.config import MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig, policy_config
 from comsim.run_layout import ExperimentLayout
+from comsim.translator.sampling import SamplingParams
 
 BUILDS = ("lab", "factory", "convert")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
@@ -43,9 +48,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 @dataclass
 class DatasetSpec:
     """A dataset of the experiment, and how to make it when ``path`` holds none (``build``):
-    lab: record scripted demonstrations in the lab (comsim.lab.record_dataset);
-    factory: generate sim episodes (comsim.factory.generate_dataset; render under <cam>_sim);
-    convert: translate the sim dataset ``input`` with the translator ``translator`` (comsim.convert)."""
+    lab: record scripted demonstrations in the lab (stages.record_lab);
+    factory: generate sim episodes (stages.generate_sim; render under <cam>_sim);
+    convert: translate the sim dataset ``input`` with the translator ``translator`` (stages.convert_sim)."""
     path: str
     build: str | None = None  # lab | factory | convert | null (must exist)
     episodes: int = 10  # lab / factory: how many
@@ -58,10 +63,7 @@ class DatasetSpec:
     #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
     input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
     translator: str | None = None  # convert: the translator's folder
-    w_action: float | None = None  # convert: guidance weights and sampling steps (None: the translator's own)
-    w_sim: float | None = None
-    steps: int | None = None
-    overlap: int | None = None  # convert: frames shared by consecutive windows (None: the translator's own)
+    sampling: SamplingParams = field(default_factory=SamplingParams)  # convert: None fields: the translator's own
     precision: str = "fp32"  # convert: fp32 | bf16 (the translator under autocast)
     workers: int = 1  # factory / convert: processes
     # lab: start regions that replace the task's own (object name -> x, y, yaw ranges), e.g.
@@ -75,6 +77,26 @@ class DatasetSpec:
             raise ConfigError(f"precision: expected fp32 or bf16, got {self.precision!r}")
         if self.build == "convert" and not (self.input and self.translator):
             raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")
+
+
+@dataclass
+class EvalConfig:
+    n_trials: int = 50  # per panel
+    seed: int = 100_000  # trial i starts from lab seed episode_seed(seed, i): never a training episode's seed
+    panels: dict[str, PanelConfig] = field(
+        default_factory=lambda: {"id": PanelConfig("id"), "ood": PanelConfig("ood")})
+    max_seconds: float | None = None  # episode timeout; None: the task's max_seconds
+    num_inference_steps: int | None = None  # DDIM steps; None: the policy's
+    videos: int = 0  # save the first N trials of each panel as mp4 (the first success and failure are always saved)
+    workers: int = 1  # processes scoring panels at once (one panel per process); results do not depend on it
+
+    def __post_init__(self):
+        if self.n_trials < 1:
+            raise ConfigError(f"eval.n_trials: expected >= 1, got {self.n_trials}")
+        if not self.panels:
+            raise ConfigError("eval.panels: at least one panel is needed")
+        if self.workers < 1:
+            raise ConfigError(f"eval.workers: expected >= 1, got {self.workers}")
 
 
 @dataclass
@@ -186,13 +208,7 @@ class ExperimentConfig:
 
 
 def load_experiment(path: str | Path, overrides: list[str] | None = None) -> ExperimentConfig:
-    data = load_yaml(path)
-    if overrides:
-        data = apply_overrides(data, overrides)
-    try:
-        return from_dict(ExperimentConfig, data)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    return load_config(ExperimentConfig, path, overrides)
 
 
 # ----------------------------------------------------------------------------- arms -> runs
@@ -241,19 +257,15 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
         spec = cfg.datasets[name]
         path = Path(spec.path)
         why = None
-        if (path / "meta" / "info.json").is_file():
+        if dataset_complete(path):
             pass
         elif spec.build == "lab":
-            from comsim.lab import load_lab_cell, record_dataset
-            from comsim.policy.rollout import panel_cell
-            cell = panel_cell(load_lab_cell(cfg.cell), cfg.task, spec.regions or {})
             log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {path}")
-            record_dataset(cfg.task, spec.episodes, path, seed=spec.seed, cell=cell, resume=True)
+            _record_lab((cfg.task, spec.episodes, spec.path, spec.seed, _lab_cell(cfg, spec)))
         elif spec.build == "factory":
-            from comsim.factory.generate import generate_dataset
             log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
-            generate_dataset(spec.program or cfg.task, spec.episodes, path, workers=spec.workers, seed=spec.seed,
-                             split=spec.split, scene=spec.scene, controls=tuple(spec.controls))
+            stages.generate_sim(spec.program or cfg.task, spec.episodes, path, scene=spec.scene, seed=spec.seed,
+                                split=spec.split, controls=spec.controls, workers=spec.workers)
         elif spec.build == "convert":
             if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "
@@ -261,28 +273,22 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             elif upstream := ensure(spec.input):
                 why = f"dataset {name!r} needs {spec.input!r}: {upstream}"
             else:
-                from comsim.convert import convert_dataset
                 log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
-                convert_dataset(spec.translator, cfg.datasets[spec.input].path, path, w_action=spec.w_action,
-                                w_sim=spec.w_sim, steps=spec.steps, overlap=spec.overlap, seed=spec.seed,
-                                workers=spec.workers, precision=spec.precision)
+                stages.convert_sim(spec.translator, cfg.datasets[spec.input].path, path, sampling=spec.sampling,
+                                   seed=spec.seed, workers=spec.workers, precision=spec.precision)
         else:
             why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
         status[name] = why
         return why
 
     # lab recordings are independent and single-threaded: record the missing ones side by side
-    labs = [n for n in sorted(names) if cfg.datasets[n].build == "lab"
-            and not (Path(cfg.datasets[n].path) / "meta" / "info.json").is_file()]
+    labs = [n for n in sorted(names) if cfg.datasets[n].build == "lab" and not dataset_complete(cfg.datasets[n].path)]
     if cfg.arm_workers > 1 and len(labs) > 1:
-        from comsim.lab import load_lab_cell
-        from comsim.policy.rollout import panel_cell
         jobs = []
         for n in labs:
             spec = cfg.datasets[n]
             log(f"experiment: recording {spec.episodes} lab demonstrations of {cfg.task!r} into {spec.path}")
-            jobs.append((cfg.task, spec.episodes, spec.path, spec.seed,
-                         panel_cell(load_lab_cell(cfg.cell), cfg.task, spec.regions or {})))
+            jobs.append((cfg.task, spec.episodes, spec.path, spec.seed, _lab_cell(cfg, spec)))
         with _pool(min(cfg.arm_workers, len(jobs))) as pool:
             list(pool.map(_record_lab, jobs))
     for n in sorted(names):
@@ -290,10 +296,16 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
     return {n: status[n] for n in sorted(names)}
 
 
+def _lab_cell(cfg: ExperimentConfig, spec: DatasetSpec):
+    """The experiment's lab cell with the dataset's start regions (e.g. wider ones for the oracle's demos)."""
+    from comsim.lab.cell import load_lab_cell
+    from comsim.lab.rollout import panel_cell
+    return panel_cell(load_lab_cell(cfg.cell), cfg.task, spec.regions or {})
+
+
 def _record_lab(job: tuple) -> None:
-    from comsim.lab import record_dataset
     task, episodes, path, seed, cell = job
-    record_dataset(task, episodes, path, seed=seed, cell=cell, resume=True)
+    stages.record_lab(path, task, episodes, seed=seed, cell=cell, calibration_stills=STILLS)
 
 
 def _pool(workers: int):
@@ -327,7 +339,7 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
     """Train (or find) the arm's policy and score it on every panel. ``score_apart``: score in a fresh
     process even with one eval worker (an arm worker renders nothing in the process that trained)."""
     from comsim.policy.data import MixtureDataset
-    from comsim.policy.rollout import trial_seeds
+    from comsim.lab.rollout import trial_seeds
     from comsim.policy.training import train_policy
 
     run = arm_run(cfg, arm)
@@ -394,8 +406,8 @@ def _arm_result(arm: ArmConfig, out: Path, train_log: dict, paths: dict[str, Pat
 def _score_panel(job: tuple) -> None:
     """Score the arm in ``out`` on one panel and write its results file (also run in a worker process)."""
     from comsim.policy.policies import load_policy
-    from comsim.policy.rollout import evaluate
-    from comsim.policy.training import write_json
+    from comsim.lab.rollout import evaluate
+    from comsim.io.files import write_json
     cfg, out, pname, path, progress, trial_log = job
     if cfg.train.num_threads:
         import torch

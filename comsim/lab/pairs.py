@@ -1,13 +1,13 @@
 """Paired data for the translator from the lab: lab episodes replayed in the twin with the lab's TRUE camera.
 
-    comsim twin lab-pairs --out runs/lab_pairs [--push 20 --stack 10 --seed 0 --mode physics]
+    comsim lab pairs --out runs/lab_pairs [--push 20 --stack 10 --seed 0 --mode physics]
 
 1. Records scripted lab episodes of each task into ``OUT/lab_<task>`` (``comsim.lab.record``; episode
    k of task j has the seed ``episode_seed(seed + j, k)``, so the same arguments give the same episodes).
 2. Writes ``OUT/lab_<task>/true_calibration.json`` from the recording's hidden ``lab_truth.json`` (true
    T_cam_from_base, K, distortion): pairs without camera-calibration error. The colours are still matched
    by the twin from the first frames (``comsim.twin.colors``).
-3. Replays every episode through the twin (``comsim.twin.replay.replay_dataset``) into the paired dataset
+3. Replays every episode through the twin (``comsim.twin.replay.replay_dataset``, scored against the truth) into the paired dataset
    ``OUT/paired_<task>`` (``front`` = lab video, ``front_sim`` = twin, ``front_sim_seg`` = twin labels).
 4. Writes ``OUT/pairs.json``: the paired datasets, FIRST the one whose last episodes the translator holds
    out (``data.val_episodes``), the settings, and the raw twin render's PSNR against the lab frames
@@ -55,7 +55,7 @@ def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physi
     """``twin``: the twin spec of every task's replays; None: each task's own cell (push: the cell with the
     target sticker that the lab's push episodes show, ``panda_cell_push.yaml``; stack: ``panda_cell.yaml``)."""
     from comsim.lab.record import record_dataset
-    from comsim.twin.replay import replay_dataset
+    from comsim.lab.twin_truth import replay_and_score
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +67,7 @@ def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physi
         real = record_dataset(task, episodes=n, out=out / f"lab_{task}", seed=seed + j)
         t1 = time.perf_counter()
         task_twin = twin or (PANDA_PUSH_CELL if task == "push" else PANDA_CELL)
-        p = replay_dataset(real, task_twin, out / f"paired_{task}", mode=mode, calibration=true_calibration(real),
+        p = replay_and_score(real, task_twin, out / f"paired_{task}", mode=mode, calibration=true_calibration(real),
                            log=log)
         timings[task] = {"record_s": round(t1 - t0, 1), "replay_s": round(time.perf_counter() - t1, 1)}
         paired.append(Path(p))

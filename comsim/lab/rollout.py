@@ -2,6 +2,9 @@
 
     policy = load_policy("runs/exp/arms/real-1a2b/policy")   # comsim.policy.policies
     res = evaluate(policy, task="push", n_trials=50, panel="ood")
+
+``policy`` is any object with ``eval()``, ``reset()`` and ``select_action(obs, generator,
+num_inference_steps=None)`` returning an absolute joint + gripper target (``comsim.policy.Policy``).
     res["success_rate"], res["ci95"]
 
 Panels: ``id`` starts the objects where the demonstrations started (the task's regions in
@@ -28,14 +31,31 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from comsim.lab import LabCell, LabEnv, episode_seed, load_lab_cell
-from comsim.lab.cell import Region
-from comsim.policy.config import PanelConfig
+from comsim.config import ConfigError
+from comsim.lab.cell import LabCell, Region, load_lab_cell
+from comsim.lab.env import LabEnv
+from comsim.episode import episode_seed
+
+
+@dataclass
+class PanelConfig:
+    """Where the objects start in a closed-loop panel."""
+    kind: str = "id"  # id: the task's own regions | ood: boxes just outside them | custom: `layouts`
+    ood_margin: float = 0.01  # m between the in-distribution region and an OOD box
+    ood_width: float = 0.06  # m: depth of each OOD box
+    layouts: list[dict[str, Region]] = field(default_factory=list)  # custom: region overrides, one per box
+
+    def __post_init__(self):
+        if self.kind not in ("id", "ood", "custom"):
+            raise ConfigError(f"kind: expected id | ood | custom, got {self.kind!r}")
+        if self.kind == "custom" and not self.layouts:
+            raise ConfigError("layouts: a custom panel needs at least one layout")
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.959964) -> tuple[float, float]:

@@ -1,0 +1,170 @@
+"""A twin replay of a lab recording scored against the lab's hidden truth.
+
+The twin aligns and replays from the recording alone (it never imports the lab); the lab knows
+where its camera and objects really were (``lab_truth.json``) and scores what the twin found:
+
+    add_truth_to_alignment_report(paired, real)   # paired/alignment_report.json gains the truth columns
+
+Per episode: robot IoU of the twin's silhouette against the TRUE robot masks (the lab's own
+segmentation at the recorded state, on the same frames the twin's report samples), each
+object's initial position / yaw error (first frame, and after the whole-video refinement) and
+its trajectory error in the replay; overall: the camera's pose error. Overlays
+``paired/report/*.png`` then show the twin's outline (green) against the true mask (magenta).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from scipy.spatial.transform import Rotation
+
+from comsim.config import from_dict
+from comsim.io.files import write_json
+from comsim.io.lerobot import LeRobotDataset
+from comsim.lab.cell import LabCell
+from comsim.lab.env import LabEnv
+from comsim.lab.truth import TRUTH_FILE, LabTruth, load_lab_truth
+from comsim.sim.spec import scene_spec_from_dict
+from comsim.twin.alignment_report import sampled_frames
+from comsim.twin.localize import symmetry, yaw_error
+from comsim.twin.overlay import write_overlay
+from comsim.twin.pose_fit import iou, pose_error
+
+REPORT_FILE = "alignment_report.json"
+
+
+def has_truth(real) -> bool:
+    """True for a lab recording (it carries the lab's hidden truth)."""
+    return real is not None and (Path(real) / TRUTH_FILE).is_file()
+
+
+class TrueMasks:
+    """True robot masks of a lab recording: the lab's own segmentation at the recorded state."""
+
+    def __init__(self, truth: LabTruth):
+        cell = from_dict(LabCell, truth.info["cell"])
+        self.env = LabEnv(cell, task=truth.info["task"]["name"])
+        self.truth = truth
+
+    def mask(self, episode: int, k: int, state: np.ndarray) -> np.ndarray:
+        tr = self.truth.trajectory(episode)
+        sc = self.env.scene
+        for i, n in enumerate(str(x) for x in tr["object_names"]):
+            sc.set_object_pose(n, tr["object_pos"][k][i], tr["object_quat"][k][i])
+        sc.set_robot_qpos(state[:7], float(state[7]))
+        return self.env.segmentation() == 1
+
+    def close(self):
+        self.env.close()
+
+
+def add_truth_to_alignment_report(paired, real=None, frames_per_episode: int = 4, overlays: int = 4,
+                                  log=print) -> dict | None:
+    """Add the truth columns to ``paired/alignment_report.json`` (written by the twin's replay); None, and
+    nothing written, when ``real`` (default: the recording the replay names) is not a lab recording."""
+    paired = Path(paired)
+    report_path = paired / REPORT_FILE
+    rep = json.loads(report_path.read_text())
+    al = json.loads((paired / "twin_alignment.json").read_text())
+    real = Path(real if real is not None else al["real"])
+    if not has_truth(real):
+        return None
+    truth = load_lab_truth(real)
+    ds = LeRobotDataset(paired)
+    spec = scene_spec_from_dict(al["spec"], where="twin_alignment.json")
+    ious: dict[int, list[float]] = {}
+    written = 0
+    true_masks = TrueMasks(truth)
+    try:
+        samples = sampled_frames(ds, al["camera"], frames_per_episode)
+        for j, (e, k, frame, state, twin_mask, extra) in enumerate(samples):
+            true_m = true_masks.mask(extra.get("real_episode", e), k, state)
+            ious.setdefault(e, []).append(iou(twin_mask, true_m))
+            if written < overlays and (k == 0 or j == len(samples) - 1):
+                write_overlay(paired / "report" / f"episode{e:04d}_frame{k:04d}.png", frame, twin_mask, true_m,
+                              f"ep {e} frame {k} IoU(truth) {ious[e][-1]:.3f}")
+                written += 1
+    finally:
+        true_masks.close()
+    eps = rep["episodes"]
+    for row in eps:
+        row["robot_iou_vs_true_masks"] = float(np.mean(ious[row["episode"]]))
+        row.update(_object_errors(ds, row["episode"], row["real_episode"], truth, spec))
+    d_m, d_deg = pose_error(np.asarray(al["T_cam_from_base"]), truth.T_cam_from_base)
+    summary = rep["summary"]
+    summary.update({
+        "camera_position_error_m": d_m, "camera_rotation_error_deg": d_deg,
+        "mean_robot_iou_vs_true_masks": float(np.mean([x["robot_iou_vs_true_masks"] for x in eps])),
+        "object_initial_error_m_mean": float(np.mean(_all(eps, "object_initial_error_m"))),
+        "object_initial_error_m_max": float(np.max(_all(eps, "object_initial_error_m"))),
+        "object_trajectory_error_m_mean": float(np.mean(_all(eps, "object_trajectory_error_m_mean"))),
+        "object_trajectory_error_m_max": float(np.max(_all(eps, "object_trajectory_error_m_max"))),
+        "episodes_within_2cm": int(sum(max(x["object_trajectory_error_m_max"].values(), default=np.inf) < 0.02
+                                       for x in eps)),
+    })
+    if any(x.get("object_initial_error_m_refined") for x in eps):  # after the whole-video refinement
+        summary.update({
+            "object_initial_error_m_mean_refined": float(np.mean(_all(eps, "object_initial_error_m_refined"))),
+            "object_initial_error_m_max_refined": float(np.max(_all(eps, "object_initial_error_m_refined"))),
+            "object_yaw_error_deg_mean_first_frame": float(np.mean(_all(eps, "object_yaw_error_deg"))),
+            "object_yaw_error_deg_mean_refined": float(np.mean(_all(eps, "object_yaw_error_deg_refined"))),
+        })
+    write_json(rep, report_path)
+    log(f"[report vs lab truth] {json.dumps(summary)}")
+    return rep
+
+
+def _all(episodes: list[dict], key: str) -> list[float]:
+    """Every object's value of ``key`` over all episodes (NaN if none, e.g. nothing found)."""
+    vals = [v for x in episodes for v in x.get(key, {}).values()]
+    return vals or [float("nan")]
+
+
+def _yaw(quat) -> float:
+    return float(Rotation.from_quat([quat[1], quat[2], quat[3], quat[0]]).as_euler("zyx")[0])
+
+
+def _object_errors(ds: LeRobotDataset, e: int, real_e: int, truth: LabTruth, spec) -> dict:
+    ep = ds.read_episode(e, cameras=[])
+    tr = truth.trajectory(real_e)
+    names = [str(n) for n in tr["object_names"]]
+    found = ep.provenance.extra.get("localized_objects", {})
+    refinement = ep.provenance.extra.get("refined_objects") or {}
+    refined = refinement.get("objects", {})
+    init, yaw_err, mean_err, max_err, init_r, yaw_r = {}, {}, {}, {}, {}, {}
+    for o in spec.objects:
+        if o.name not in names:
+            continue
+        i = names.index(o.name)
+        f = found.get(o.name) or {}
+        if f.get("found"):
+            init[o.name] = float(np.linalg.norm(np.asarray(f["pos"][:2]) - tr["object_pos"][0][i][:2]))
+            yaw_err[o.name] = float(np.degrees(yaw_error(f["yaw"], _yaw(tr["object_quat"][0][i]), symmetry(o))))
+        if o.name in refined:
+            g = refined[o.name]
+            init_r[o.name] = float(np.linalg.norm(np.asarray(g["pos"][:2]) - tr["object_pos"][0][i][:2]))
+            yaw_r[o.name] = float(np.degrees(yaw_error(g["yaw"], _yaw(tr["object_quat"][0][i]), symmetry(o))))
+        if "twin_object_pos" in ep.extra:
+            err = np.linalg.norm(ep.extra["twin_object_pos"][:, i] - tr["object_pos"][:, i], axis=-1)
+            mean_err[o.name], max_err[o.name] = float(err.mean()), float(err.max())
+    out = {"object_initial_error_m": init, "object_yaw_error_deg": yaw_err,
+           "object_trajectory_error_m_mean": mean_err, "object_trajectory_error_m_max": max_err}
+    if refined:  # first-frame numbers above, whole-video (refined) ones here
+        out.update({"object_initial_error_m_refined": init_r, "object_yaw_error_deg_refined": yaw_r,
+                    "object_refinement": {n: {k: g.get(k) for k in ("refined", "track_residual",
+                                                                    "first_frame_track_residual", "candidates")}
+                                          for n, g in refined.items()},
+                    "object_refinement_simulations": refinement.get("simulations")})
+    return out
+
+
+def replay_and_score(real, twin, out, log=print, **replay_kw) -> Path:
+    """``comsim.twin.replay.replay_dataset`` of a recording, then, for a lab recording, the truth columns
+    added to its alignment report (when the replay wrote one)."""
+    from comsim.twin.replay import replay_dataset
+
+    paired = Path(replay_dataset(real, twin, out, log=log, **replay_kw))
+    if (paired / REPORT_FILE).is_file() and has_truth(real):
+        add_truth_to_alignment_report(paired, real, log=log)
+    return paired

@@ -1,0 +1,171 @@
+"""The stages of a run, each a function over folders that skips what is already complete.
+
+    record_lab        the lab's scripted teleoperation (+ calibration stills): the real stand-in
+    align_twin        calibrate, localize, replay a real recording in the twin -> paired dataset
+    train_translator  the translator on the paired dataset, a fixed number of steps, resumable
+    generate_sim      factory episodes in the aligned twin
+    convert_sim       sim -> pseudo-real with a translator
+    video_metrics     held-out pairs translated and scored (beside the raw twin), object fidelity
+    mix_datasets      real + pseudo-real at a chosen synthetic fraction, one LeRobot dataset
+
+``comsim run`` (pipeline/run.py), ``comsim demo`` (pipeline/demo.py) and the policy experiment's
+datasets (pipeline/experiment.py) are these functions called in order. Each returns its output and
+does nothing when ``dataset_complete`` (or its own done-file) says the output is finished, so a run
+resumes stage by stage.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from comsim.io.files import atomic_output, write_json
+from comsim.io.keys import control_key, seg_key, sim_key
+from comsim.io.lerobot import LeRobotDataset, dataset_complete
+from comsim.run_layout import RunLayout
+from comsim.translator.sampling import SamplingParams
+from comsim.workers import torch_threads
+
+# the twin's labels (seg) ride along with every render: object fidelity compares converted frames with them;
+# the surface normals (normal) condition the translator besides the render (configs/translator/tiny_lab.yaml)
+SIM_CONTROLS = ("seg", "normal")
+
+
+def record_lab(out, task: str, episodes: int, seed: int = 0, cell=None, calibration_stills: int = 0,
+               resume: bool = True) -> Path:
+    """``episodes`` scripted lab demonstrations of ``task`` in ``cell`` (a LabCell, a YAML path or None for the
+    built-in lab), with ``calibration_stills`` stills for the twin's camera calibration."""
+    from comsim.lab.record import record_dataset
+
+    if not dataset_complete(out):
+        record_dataset(task=task, episodes=episodes, out=Path(out), seed=seed, cell=cell, resume=resume,
+                       calibration_stills=calibration_stills)
+    return Path(out)
+
+
+def align_twin(real, twin, paired, summary_path, workers: int = 2, calibration=None) -> dict:
+    """Align the twin ``twin`` (a nominal spec) to the recording ``real`` and replay it into ``paired``
+    (physics mode; a lab recording is also scored against its hidden truth). Writes the alignment report's
+    content to ``summary_path`` and returns it."""
+    from comsim.lab.twin_truth import replay_and_score
+
+    paired, summary_path = Path(paired), Path(summary_path)
+    if not dataset_complete(paired) or not summary_path.is_file():
+        replay_and_score(real=real, twin=twin, out=paired, mode="physics", calibration=calibration, workers=workers)
+        report_path = paired / "alignment_report.json"
+        summary = json.loads(report_path.read_text()) if report_path.is_file() else {}
+        write_json(summary, summary_path, indent=1)
+    return json.loads(summary_path.read_text())
+
+
+def heldout_count(n_episodes: int) -> int:
+    """The paired episodes the translator holds out for validation and the video metrics."""
+    return max(1, n_episodes // 5)
+
+
+def heldout_indices(paired) -> list[int]:
+    """The paired dataset's held-out episodes (the translator's validation episodes): never trained on."""
+    from comsim.translator.data import split_episodes
+
+    n = len(LeRobotDataset(paired))
+    _, val = split_episodes([n], heldout_count(n))
+    return [e for _, e in val]
+
+
+def train_translator(paired, out, config, steps: int | None = None, overrides=()) -> Path:
+    """The translator of ``config`` (a YAML path) trained on ``paired`` into ``out`` (``out/final``), its own
+    number of steps (``train.max_steps``) unless ``steps``; resumes from the latest checkpoint."""
+    from comsim.translator.training import load_train_config, train
+
+    out = Path(out)
+    final = out / "final"
+    if (final / "translator.json").is_file():
+        return final
+    n = len(LeRobotDataset(paired))
+    cfg = load_train_config(config, [
+        f"data.paths=[{paired}]", f"data.val_episodes={heldout_count(n)}", f"train.output_dir={out}",
+        *([f"train.max_steps={steps}"] if steps else []), "train.checkpointing_steps=100", *overrides])
+    result = train(cfg, resume_from_checkpoint="latest" if any(out.glob("checkpoint-*")) else None)
+    return Path(result) if result else final
+
+
+def generate_sim(task: str, episodes: int, out, scene=None, seed: int = 0, split: str = "id",
+                 controls=SIM_CONTROLS, workers: int = 2) -> Path:
+    """``episodes`` factory episodes of the task program ``task`` in the twin scene ``scene`` (the aligned
+    twin: the translator learned its camera and colours), recorded with the twin's ``controls``."""
+    from comsim.factory.generate import generate_dataset
+
+    if not dataset_complete(out):
+        generate_dataset(task, episodes, Path(out), workers=workers, seed=seed, split=split, scene=scene,
+                         controls=tuple(controls))
+    return Path(out)
+
+
+def convert_sim(model, sim, out, sampling: SamplingParams | None = None, seed: int = 0, workers: int = 2,
+                precision: str = "fp32") -> Path:
+    """The sim dataset ``sim`` translated into pseudo-real episodes by the translator ``model``."""
+    from comsim.convert import convert_dataset
+
+    if dataset_complete(sim) and not dataset_complete(out):
+        convert_dataset(model, sim, out, sampling=sampling, seed=seed, workers=workers, precision=precision)
+    return Path(out)
+
+
+def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict:
+    """Translate the held-out paired episodes and score them (and the raw twin render) against the real frames;
+    object fidelity of those and of the converted factory datasets ``converted`` ({split: path}). Written to
+    ``run.metrics``, which is this stage's done-file."""
+    if run.metrics.is_file():
+        return json.loads(run.metrics.read_text())
+    from comsim.episode import resize_frames
+    from comsim.io.lerobot import DatasetWriter
+    from comsim.metrics.evaluate import evaluate_video
+    from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
+    from comsim.translator.pipeline import TranslatorPipeline
+
+    with torch_threads(1):  # the same numbers whether or not an earlier stage changed the thread count
+        pipe = TranslatorPipeline.from_pretrained(model_dir)
+        ds = LeRobotDataset(run.paired)
+        cam = pipe.camera
+        H, W = pipe.resolution
+        seg = seg_key(cam)
+        parts = ("pseudo", "sim_only", "real")
+        pseudo_dir, sim_dir, real_dir = (run.heldout_part(k) for k in parts)
+        heldout = heldout_indices(run.paired)
+        if not dataset_complete(pseudo_dir):
+            writers = {k: DatasetWriter(run.heldout_part(k), ds.fps) for k in parts}
+            for j, i in enumerate(heldout):
+                controls = [control_key(cam, c) for c in pipe.controls if control_key(cam, c) != seg]
+                ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg, *controls])
+                writers["pseudo"].add_episode(pipe.translate_episode(ep, seed=i), episode_index=j)
+                # the raw twin render and the real frames, at the translator's resolution, to score against
+                for k, frames in (("sim_only", resize_frames(ep.frames[sim_key(cam)], (H, W))),
+                                  ("real", resize_frames(ep.frames[cam], (H, W)))):
+                    ep_k = type(ep)(frames={cam: frames, seg: ep.frames[seg]}, action=ep.action, state=ep.state,
+                                    fps=ep.fps, task=ep.task, provenance=ep.provenance)
+                    writers[k].add_episode(ep_k, episode_index=j)
+            for w in writers.values():
+                w.close()
+        opts = dict(camera=cam, metrics=["psnr", "ssim", "fid"])
+        result = {"pseudo_real_vs_real": evaluate_video(pseudo_dir, real_dir, **opts),
+                  "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
+        # the locator is fit on the training pairs' real frames only (never the held-out or generated ones)
+        model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W), progress=True)
+        fidelity = {"heldout_real (locator ceiling)": evaluate_object_fidelity(real_dir, model, cam),
+                    "heldout_pseudo_real": evaluate_object_fidelity(pseudo_dir, model, cam)}
+        for split, path in converted.items():
+            if dataset_complete(path):
+                fidelity[f"factory_pseudo_real_{split}"] = evaluate_object_fidelity(path, model, cam)
+        result["object_fidelity"] = fidelity
+    with atomic_output(run.metrics) as tmp:  # written whole: the file is this stage's "done" marker
+        tmp.write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+def mix_datasets(real, synthetic, out, synthetic_fraction: float, camera: str | None = None) -> dict:
+    """One LeRobot dataset of every episode of ``real`` and as many episodes of ``synthetic`` (in order) as
+    bring the synthetic share of frames closest to ``synthetic_fraction``; the camera ``camera`` only (the
+    renders and control videos are left out), so LeRobot's own training scripts load it. Each episode keeps
+    its provenance; ``out/mixture.json`` records the sources, the fraction asked for and the one reached."""
+    from comsim.pipeline.mix import mix
+
+    return mix(real, synthetic, out, synthetic_fraction, camera)
