@@ -52,7 +52,7 @@ from comsim.metrics.action import mask_iou, robot_masks_from_labels
 from comsim.metrics.frame import mean_psnr
 from comsim.translator.pipeline import TranslatorPipeline
 from comsim.translator.sampling import SamplingParams
-from comsim.translator.synthetic import action_consistency
+from comsim.translator.synthetic import arm_placement
 from comsim.translator.training import build_datasets, load_train_config, train
 
 
@@ -351,9 +351,9 @@ def main(argv=None):
                 n = min(len(ep["sim"]), len(other["action"]))
                 gen = pipe(ep["sim"][:n], other["action"][:n], SamplingParams(n_steps, w_action=wa, w_sim=0.0),
                            seed=100 + i, controls=first_frames(ep["controls"], n))
-                got.append(action_consistency(gen, other["action"][:n]))
-                chance.append(action_consistency(ep["real"][:n], other["action"][:n]))
-                ceiling.append(action_consistency(other["real"][:n], other["action"][:n]))
+                got.append(arm_placement(gen, other["action"][:n]))
+                chance.append(arm_placement(ep["real"][:n], other["action"][:n]))
+                ceiling.append(arm_placement(other["real"][:n], other["action"][:n]))
             mean = lambda rs, k: round(float(np.mean([r[k] for r in rs])), 3)  # noqa: E731
             result["action_consistency"][f"w_action={wa:g}"] = {"iou": mean(got, "iou"),
                                                                  "centroid_err_px": mean(got, "centroid_err_px")}

@@ -97,7 +97,7 @@ def _convert(a):
 
 def _eval_video(a):
     from comsim.metrics.evaluate import METRICS, EvalOptions, evaluate_video, to_json_safe
-    from comsim.io.video import atomic_output
+    from comsim.io.files import atomic_output
 
     metrics = tuple(m.strip() for m in a.metrics.split(",") if m.strip()) if a.metrics else METRICS
     opts = EvalOptions(camera=a.camera, metrics=metrics, inception=a.inception, i3d=a.i3d, lpips_net=a.lpips_net,

@@ -2,8 +2,8 @@
 
 The ``comsim`` command and the train/eval scripts print a ComSimError as one line (the file,
 the field, what was expected) and exit with status 2; any other exception is a bug and keeps
-its traceback. Subclasses that existed as ``ValueError`` before still are one, so older
-``except ValueError`` code keeps working.
+its traceback. Most subclasses are also a ``ValueError``, so a caller's ``except ValueError``
+catches bad input too.
 """
 from __future__ import annotations
 

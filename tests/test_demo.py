@@ -76,14 +76,16 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeypatch):
     from comsim.pipeline.demo import DemoProfile, run_demo
+    from comsim.pipeline.run import LoopSettings
     from comsim.run_layout import STAGES, RunLayout
 
     arms = ("arms=[{name: real3, sources: [{dataset: real, max_episodes: 3}], synthetic_fraction: 0.0},"
             " {name: real3_pseudo, sources: [{dataset: real, max_episodes: 3}, {dataset: pseudo_real}],"
             " synthetic_fraction: 0.5}]")
-    tiny = DemoProfile(real_episodes=3, sim_episodes=2, ood_sim_episodes=1, translator_steps=2,
-                       translator_overrides=("train.batch_size=2", "train.validation_steps=1000",
-                                             "sampling.num_steps=1"),
+    tiny = DemoProfile(real_episodes=3,
+                       loop=LoopSettings(sim_episodes=2, ood_sim_episodes=1, translator_steps=2,
+                                         translator_overrides=("train.batch_size=2", "train.validation_steps=1000",
+                                                               "sampling.num_steps=1")),
                        policy_overrides=(arms, "claim.arm=real3_pseudo", "claim.beats=[real3]", "train.steps=2",
                                          "train.batch_size=4", "eval.n_trials=1", "eval.max_seconds=1.0"))
     monkeypatch.chdir(tmp_path)  # not the repository: configs come from the package

@@ -28,7 +28,8 @@ from comsim.lab.rollout import PanelConfig, evaluate, panel_layouts, trial_seeds
 from comsim.pipeline.experiment import load_experiment, run_experiment  # noqa: E402
 from comsim.policy import (DiffusionPolicy, MixtureConfig, MixtureDataset, PolicyRunConfig, SourceConfig,  # noqa: E402
                            TrainConfig, diffusion_config, train_policy)
-from comsim.policy.config import DiffusionConfig, policy_config  # noqa: E402
+from comsim.policy.config import policy_config  # noqa: E402
+from comsim.policy.model import DiffusionConfig  # noqa: E402
 from comsim.policy.keypoint import KeypointConfig, KeypointPolicy  # noqa: E402
 from comsim.policy.policies import load_policy, make_policy  # noqa: E402
 

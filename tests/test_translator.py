@@ -22,7 +22,7 @@ from comsim.translator.guidance import compose, guided_velocity
 from comsim.translator.model import CompositionalVideoDiT, velocity_from_output
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
 from comsim.translator.sampling import SamplingParams
-from comsim.translator.synthetic import action_consistency, make_synthetic_pairs
+from comsim.translator.synthetic import arm_placement, make_synthetic_pairs
 from comsim.translator.training import (TranslatorConfig, build_datasets, build_model, fit_on_training_pairs,
                                         flow_matching_loss, load_train_config, make_pipeline, train)
 
@@ -207,13 +207,13 @@ def test_background_plate_starts_at_the_real_background(tmp_path):
         model(torch.zeros(1, 3, 4, 8, 8), torch.tensor([500.0]), item["actions"][None], torch.zeros(1, 3, 4, 8, 8))
 
 # -- data and codecs ---------------------------------------------------------------------------
-def test_synthetic_pairs_and_action_consistency():
+def test_synthetic_pairs_and_arm_placement():
     eps = make_synthetic_pairs(3, 10, 32, seed=1)
     e = eps[0]
     assert e.frames["front"].shape == e.frames["front_sim"].shape == (10, 32, 32, 3)
     assert e.action.shape == (10, 8)
-    own = action_consistency(e.frames["front"], e.action)
-    other = action_consistency(e.frames["front"], eps[1].action)
+    own = arm_placement(e.frames["front"], e.action)
+    other = arm_placement(e.frames["front"], eps[1].action)
     assert own["iou"] > 0.6 and own["iou"] > other["iou"] + 0.3
     assert own["centroid_err_px"] < 1.5 < other["centroid_err_px"]
 

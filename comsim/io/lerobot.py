@@ -686,6 +686,12 @@ class LeRobotDataset:
                     raise DatasetError(f"{self._row(i)['data_path']}: episode {i}: field {name!r}: expected "
                                        f"finite numbers, got NaN/inf at frames {bad[:5].tolist()}")
 
+    def video_location(self, i: int, camera: str) -> tuple[Path, int]:
+        """Where episode ``i`` of ``camera`` (a short name or feature key) lies: its mp4 and its first frame there."""
+        (cam,) = self._cameras([camera])
+        path, first = self._row(i)["videos"][self._video_keys[cam]]
+        return Path(path), int(first)
+
     def read_window(self, i: int, start: int, length: int, cameras: list[str] | None = None) -> Episode:
         """Frames ``[start, start + length)`` of episode ``i`` as an Episode (timestamps kept
         relative to the episode start). ``cameras``: short names or feature keys; None = all."""

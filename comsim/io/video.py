@@ -23,7 +23,8 @@ from pathlib import Path
 import av
 import numpy as np
 
-from comsim.io.files import atomic_output  # noqa: F401  (re-exported: older imports)
+from comsim.io.files import atomic_output
+
 
 DEFAULT_CRF = 18  # visually lossless; lower crf barely helps (chroma subsampling dominates)
 DEFAULT_GOP = 10  # keyframe every 10 frames: a window read decodes at most 9 extra frames

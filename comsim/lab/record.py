@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import InputError
+from comsim.io.files import write_json
 from comsim.io.lerobot import DatasetWriter, dataset_complete
 from comsim.io.paths import OutputFolderError, claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
@@ -30,7 +31,7 @@ from comsim.lab.tasks import make_task
 from comsim.episode import episode_seed  # noqa: F401  (comsim.lab exports it)
 from comsim.lab.teleop import ScriptedTeleoperator
 from comsim.lab.truth import (INTRINSICS_FILE, TRUTH_FILE, camera_intrinsics, episode_summary,
-                              read_episode_truth, truth_header, write_episode_truth, write_json)
+                              read_episode_truth, truth_header, write_episode_truth)
 
 STILLS = 12  # calibration stills per recording (plus the robot-free one)
 RESUME_KEYS = ("task", "seed", "fps", "cell_hash")  # must match to continue a recording

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from comsim.io.files import atomic_output, write_json  # noqa: F401  (write_json: lab.record uses it)
+from comsim.io.files import atomic_output
 from comsim.lab.cell import LabCell
 from comsim.lab.effects import distortion_coeffs
 from comsim.sim.camera import as_K, as_rigid

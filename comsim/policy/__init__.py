@@ -11,11 +11,10 @@ experiment that trains and scores arms is the pipeline's (``comsim.pipeline.expe
 Entry points: ``train/train_policy.py`` and ``eval/eval_policy.py``.
 """
 from comsim.policy.base import Policy
-from comsim.policy.config import (PRESETS, DiffusionConfig, MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig,
-                                  diffusion_config, policy_config)
+from comsim.policy.config import MixtureConfig, PolicyRunConfig, SourceConfig, TrainConfig, policy_config
 from comsim.policy.data import MixtureDataset
 from comsim.policy.keypoint import KeypointConfig, KeypointPolicy
-from comsim.policy.model import DiffusionPolicy
+from comsim.policy.model import PRESETS, DiffusionConfig, DiffusionPolicy, diffusion_config
 from comsim.policy.policies import load_policy, make_policy
 from comsim.policy.training import train_policy
 

@@ -1,6 +1,6 @@
 """Typed configs of the policy stage (YAML -> dataclasses with comsim.config).
 
-``DiffusionConfig`` (in ``model.py``, beside its model, LeRobot style; re-exported here) has
+``DiffusionConfig`` (in ``model.py``, beside its model, LeRobot style) has
 LeRobot's Diffusion Policy defaults, ``KeypointConfig`` is in ``keypoint.py``.
 ``MixtureConfig`` says which datasets a policy trains on and with which synthetic
 fraction; ``TrainConfig`` the optimisation; ``PolicyRunConfig`` is one training run
@@ -8,12 +8,11 @@ fraction; ``TrainConfig`` the optimisation; ``PolicyRunConfig`` is one training 
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
 from comsim.config import PRECISIONS, ConfigError, from_dict
 from comsim.policy.keypoint import KeypointConfig
-from comsim.policy.model import PRESETS, DiffusionConfig, diffusion_config  # noqa: F401  (re-exported)
+from comsim.policy.model import diffusion_config
 
 SOURCE_ROLES = ("auto", "real", "synthetic")
 REAL_SOURCES = ("real", "lab")  # provenance sources that count as real; sim / pseudo_real are synthetic

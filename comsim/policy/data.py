@@ -30,9 +30,10 @@ from tqdm.auto import tqdm
 
 from comsim.config import ConfigError
 from comsim.io.lerobot import DatasetError, LeRobotDataset
-from comsim.io.video import atomic_output
+from comsim.io.files import atomic_output
 from comsim.episode import resize_frames
-from comsim.policy.config import REAL_SOURCES, DiffusionConfig, MixtureConfig, SourceConfig
+from comsim.policy.config import REAL_SOURCES, MixtureConfig, SourceConfig
+from comsim.policy.model import DiffusionConfig
 
 POOLS = ("real", "synthetic")
 

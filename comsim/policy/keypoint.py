@@ -28,21 +28,15 @@ run either policy.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from collections import deque
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 
 from comsim.config import ConfigError
-from comsim.io.video import atomic_output
-from comsim.episode import resize_frames
 from comsim.policy.base import Policy
 from comsim.policy.model import SpatialSoftmax
 

@@ -15,9 +15,7 @@ Normalisation, the closed loop and saving are ``comsim.policy.base.Policy``'s. I
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +25,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torchvision
 from diffusers import DDIMScheduler, DDPMScheduler
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torchvision.models.resnet import BasicBlock
 
 from comsim.config import ConfigError, from_dict
-from comsim.episode import resize_frames
 from comsim.policy.base import Policy
 
 @dataclass

@@ -8,10 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from comsim.policy.config import DiffusionConfig
-from comsim.policy.keypoint import KeypointConfig, KeypointPolicy
 from comsim.policy.base import CONFIG_NAME
-from comsim.policy.model import DiffusionPolicy
+from comsim.policy.keypoint import KeypointConfig, KeypointPolicy
+from comsim.policy.model import DiffusionConfig, DiffusionPolicy
 
 CLASSES = {"diffusion": (DiffusionConfig, DiffusionPolicy), "keypoint": (KeypointConfig, KeypointPolicy)}
 

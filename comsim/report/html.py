@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from comsim.io.video import atomic_output, video_info, write_video
+from comsim.io.files import atomic_output
+from comsim.io.video import video_info, write_video
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}

@@ -4,9 +4,7 @@ Reads the experiment's ``results.json`` (``comsim.pipeline.experiment``) and, fo
 and panel, the panel's eval file in the arm's folder (``arms/<arm>-<hash>/eval-<panel>-<key>.json``)
 with its per-trial list: ``seed``, ``success``, ``start_xy``, ``final_xy`` (the main object's
 [x, y], or {object: [x, y]}), ``target_xy`` ([x, y] or null) and ``video`` (an mp4 path
-relative to the arm folder, or null). Older eval files without ``video`` get the rollout
-files that the evaluator names ``videos/<panel>_trialNNN.mp4``; without positions the plot
-says so.
+relative to the arm folder, or null); without positions the plot says so.
 """
 from __future__ import annotations
 
@@ -135,7 +133,7 @@ def _rollouts(rep: Report, exp_dir: Path, arms: list[dict], panels: list[str]) -
                 figs.append(top_view_svg(tv, bounds, title))
             else:
                 figs.append(missing_figure("no per-trial positions recorded" if trials else
-                                           "no per-trial list in this eval file (an older evaluator)", title))
+                                           "no per-trial list in this eval file", title))
             rep.row(figs)
 
 
@@ -179,8 +177,6 @@ def _video(rep: Report, adir: Path, panel: str, trials: list[dict], success: boo
         return missing_figure(f"no {kind} trial ({len(trials)} trials)" if trials else "no per-trial list", label)
     for t in mine:
         v = t.get("video")
-        if "video" not in t and "trial" in t:  # older eval files: the evaluator's own file name
-            v = f"videos/{panel}_trial{int(t['trial']):03d}.mp4"
         if v and (adir / v).is_file():
             return rep.video_figure(adir / v, f"{label}: trial {t.get('trial', '?')}, seed {t.get('seed', '?')}")
     return missing_figure(f"no video of a {kind} trial recorded", label)

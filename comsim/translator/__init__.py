@@ -21,7 +21,7 @@ _EXPORTS = {
     "compose": "guidance", "guided_velocity": "guidance", "TranslatorPipeline": "pipeline",
     "TranslatorMismatchError": "pipeline", "PairedWindowDataset": "data", "ActionNormalizer": "data",
     "TranslatorConfig": "training", "load_train_config": "training", "train": "training",
-    "make_synthetic_pairs": "synthetic", "action_consistency": "synthetic",
+    "make_synthetic_pairs": "synthetic", "arm_placement": "synthetic",
 }
 __all__ = list(_EXPORTS)
 

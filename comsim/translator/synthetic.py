@@ -9,7 +9,7 @@ Everything but the noise is a deterministic function of (scene, action): sim -> 
 learnable, and the arm's place in the frame can be read off the action alone.
 
 ``arm_mask`` draws where the arm must be for given actions; ``detect_arm`` finds it in a
-real-look frame by colour. ``action_consistency`` compares the two (IoU, centroid error).
+real-look frame by colour. ``arm_placement`` compares the two (IoU, centroid error).
 """
 from __future__ import annotations
 
@@ -163,7 +163,7 @@ def detect_arm(frames: np.ndarray) -> np.ndarray:
     return f.max(axis=-1) < 110
 
 
-def action_consistency(frames: np.ndarray, actions: np.ndarray) -> dict:
+def arm_placement(frames: np.ndarray, actions: np.ndarray) -> dict:
     """Does the arm in ``frames`` (real look, uint8 (T, H, W, 3)) sit where ``actions`` put it?
 
     Per frame: IoU between the detected arm pixels and the arm drawn from the action
