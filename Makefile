@@ -34,8 +34,12 @@ demo: setup
 	$(VENV)/bin/comsim demo
 
 # The deciding policy table (configs/experiments/lab_table.yaml) from an empty folder; resumes when rerun.
+# make lab-table SEEDS=0,1,2 CELL=configs/lab/workshop.yaml  (each cell into a folder of its own)
+CELL ?=
+SEEDS ?=
+LAB_TABLE_OUT ?= runs/lab_table$(if $(CELL),_$(basename $(notdir $(CELL))))
 lab-table: setup
-	$(VENV)/bin/comsim demo --profile lab_table --out runs/lab_table
+	$(VENV)/bin/comsim demo --profile lab_table --out $(LAB_TABLE_OUT) $(if $(CELL),--cell $(CELL)) $(if $(SEEDS),--seeds $(SEEDS))
 
 bench: setup
 	$(PY) bench/render.py

@@ -129,7 +129,8 @@ def _demo(a):
     from comsim.pipeline.demo import demo_summary, run_demo
 
     profile = "full" if a.full else a.profile
-    report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin)
+    seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds else None
+    report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin, seeds=seeds)
     print(json.dumps(demo_summary(Path(a.out), report)))  # the last line: one JSON object
 
 
@@ -306,6 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "configs/lab/default.yaml; e.g. configs/lab/cool_studio.yaml)")
     d.add_argument("--twin", default=None, help="the twin's nominal spec that the alignment starts from "
                    "(default: configs/twin/panda_cell_push.yaml, the lab's cell with its push target)")
+    d.add_argument("--seeds", default=None, help="training seeds of the policy experiment's seeded arms, e.g. 0,1,2 "
+                   "(each scored on a panel of its own; default: the experiment config's)")
     d.set_defaults(func=_demo)
     return p
 

@@ -10,6 +10,7 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
+import dataclasses  # noqa: E402
 import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -670,6 +671,53 @@ def test_experiment_runner_micro(data, tmp_path):
     assert weights.stat().st_mtime_ns == mtime
     with pytest.raises(ConfigError, match=r"exp.yaml: train: unknown key\(s\) \['stepz'\]"):
         load_experiment(path, ["train.stepz=3"])
+
+
+def test_two_policies_on_the_same_panel_seeds_meet_the_same_layouts():
+    """Paired evaluation: trial i of a panel starts from the same lab seed and the same object layout for every
+    policy scored on it, so two arms' outcomes pair up trial by trial."""
+    a, b = (make_policy(policy_config({**KP, "crop": None}), stats=UNIT_STATS) for _ in range(2))
+    torch.manual_seed(1)
+    for p in b.parameters():  # another policy, not the same weights twice
+        p.data.normal_(0, 0.1)
+    runs = [evaluate(pol, "push", n_trials=3, panel="ood", max_seconds=0.3, progress=False, seed=17) for pol in (a, b)]
+    layouts = [[(t["seed"], t["box"], t["objects_start_xy"]) for t in r["trials"]] for r in runs]
+    assert layouts[0] == layouts[1] and len({x[0] for x in layouts[0]}) == 3
+    assert any(not torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+
+
+def test_seeds_added_to_a_finished_run_reuse_its_arms_and_changed_data_is_trained_again(data, tmp_path):
+    """Training seeds: a seeded arm runs once per seed, each seed on a panel of its own, pooled in the table;
+    adding a seed to a finished run trains only the new seed. An arm whose dataset changed under the same
+    path is trained again (the old folder kept aside), never reused."""
+    import shutil
+    real = tmp_path / "real"
+    shutil.copytree(data["real"], real)
+    cfg = {"name": "seeds", "output_dir": str(tmp_path / "exp"), "task": "push",
+           "datasets": {"real": {"path": str(real)}},
+           "arms": [{"name": "real", "sources": [{"dataset": "real"}], "synthetic_fraction": 0.0}],
+           "seeded_arms": ["real"], "policy": {"preset": "tiny", "num_inference_steps": 2},
+           "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
+           "eval": {"n_trials": 1, "max_seconds": 0.2, "panels": {"ood": {"kind": "ood"}}}}
+    path = tmp_path / "seeds.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    quiet = dict(log=lambda *_: None, progress=False)
+    one = run_experiment(path, **quiet)["arms"][0]
+    weights = Path(one["dir"]) / "policy" / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    two = run_experiment(path, overrides=["seeds=[0,1]"], **quiet)["arms"][0]
+    assert weights.stat().st_mtime_ns == mtime and two["dir"] == one["dir"]  # seed 0 reused, not redone
+    assert two["seeds_done"] == [0, 1] and two["panels"]["ood"]["n_trials"] == 2
+    seed_dirs = [v["dir"] for v in two["seeds"].values()]
+    assert len(set(seed_dirs)) == 2
+    assert len(two["outcomes"]["ood"]) == 2  # two distinct trial seeds: each seed its own layouts
+    # the dataset's content changes, its path does not: the arm is stale
+    ep = LeRobotDataset(real).read_episode(0)
+    shutil.rmtree(real)
+    write_dataset(real, [dataclasses.replace(ep, action=ep.action + 0.01)], fps=ep.fps)
+    three = run_experiment(path, **quiet)["arms"][0]
+    assert three["dir"] == one["dir"] and weights.stat().st_mtime_ns != mtime
+    assert list(Path(one["dir"]).parent.glob(f"{Path(one['dir']).name}.stale-*"))
 
 
 def test_arms_side_by_side_are_the_arms_one_after_the_other(data, tmp_path):

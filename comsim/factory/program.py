@@ -463,17 +463,8 @@ class _Parser:
     def steps(self, names, workspace, objects) -> list[Step]:
         from comsim.factory.primitives import PRIMITIVES
 
-        d = self.data["program"]
-        if not isinstance(d, list) or not d:
-            self.fail(self.data.line_of("program"), "program: expected a non-empty list of primitives")
         steps, held = [], None
-        for i, item in enumerate(d):
-            line = d.line_of(i)
-            if not isinstance(item, dict) or len(item) != 1:
-                self.fail(line, f"program[{i}]: expected one primitive like `- grasp: {{object: cube}}`, got {item!r}")
-            (prim, raw), = item.items()
-            if prim not in PRIMITIVES:
-                self.fail(line, f"primitive {prim!r} unknown; known: {sorted(PRIMITIVES)}")
+        for prim, raw, line in self.entries("program", "primitive", "`- grasp: {object: cube}`", PRIMITIVES):
             spec = PRIMITIVES[prim]
             values, lines = parse_params(spec.params, raw, line, prim, names, self.fail)
             step = Step(prim, values, line, lines)
@@ -487,20 +478,26 @@ class _Parser:
             steps.append(step)
         return steps
 
-    def success(self, names) -> list[Check]:
-        from comsim.factory.success import PREDICATES
-
-        d = self.data["success"]
+    def entries(self, key: str, kind: str, example: str, known: dict):
+        """(name, its parameters, its line) of each item of the list ``key``, each a one-entry mapping whose
+        name is one of ``known`` (a ``kind``: primitive or predicate)."""
+        d = self.data[key]
         if not isinstance(d, list) or not d:
-            self.fail(self.data.line_of("success"), "success: expected a non-empty list of predicates")
-        out = []
+            self.fail(self.data.line_of(key), f"{key}: expected a non-empty list of {kind}s")
         for i, item in enumerate(d):
             line = d.line_of(i)
             if not isinstance(item, dict) or len(item) != 1:
-                self.fail(line, f"success[{i}]: expected one predicate like `- stacked: {{top: a, base: b}}`")
-            (pred, raw), = item.items()
-            if pred not in PREDICATES:
-                self.fail(line, f"predicate {pred!r} unknown; known: {sorted(PREDICATES)}")
+                self.fail(line, f"{key}[{i}]: expected one {kind} like {example}, got {item!r}")
+            (name, raw), = item.items()
+            if name not in known:
+                self.fail(line, f"{kind} {name!r} unknown; known: {sorted(known)}")
+            yield name, raw, line
+
+    def success(self, names) -> list[Check]:
+        from comsim.factory.success import PREDICATES
+
+        out = []
+        for pred, raw, line in self.entries("success", "predicate", "`- stacked: {top: a, base: b}`", PREDICATES):
             values, lines = parse_params(PREDICATES[pred].params, raw, line, pred, names, self.fail)
             for k, v in values.items():
                 if isinstance(v, tuple) and v[0] != v[1]:

@@ -26,6 +26,7 @@ episodes give byte-identical files however the writing was interrupted or split.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -67,6 +68,32 @@ def dataset_complete(root: str | Path) -> bool:
     """True when ``root`` holds a finished dataset: ``close()`` writes meta/info.json last, so its
     presence says every episode and file before it is complete."""
     return (Path(root) / "meta" / "info.json").is_file()
+
+
+_FINGERPRINTS: dict[tuple, str] = {}
+
+
+def dataset_fingerprint(root: str | Path) -> str:
+    """sha256 of a finished dataset's content (every file under meta/, data/ and videos/, with its relative
+    path): two folders with the same fingerprint hold the same episodes, whatever their path or age. Cached
+    per process on (path, info.json's size and modification time)."""
+    root = Path(root)
+    info = root / "meta" / "info.json"
+    if not info.is_file():
+        raise DatasetError(f"{root}: not a finished LeRobot dataset (no meta/info.json)")
+    st = info.stat()
+    key = (str(root.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _FINGERPRINTS:
+        h = hashlib.sha256()
+        for part in ("meta", "data", "videos"):
+            for p in sorted((root / part).rglob("*")):
+                if p.is_file() and not p.name.startswith("."):
+                    h.update(p.relative_to(root).as_posix().encode() + b"\0")
+                    with open(p, "rb") as f:
+                        for block in iter(lambda: f.read(1 << 20), b""):
+                            h.update(block)
+        _FINGERPRINTS[key] = h.hexdigest()
+    return _FINGERPRINTS[key]
 
 
 class DatasetError(ComSimError, ValueError):

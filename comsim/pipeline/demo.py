@@ -60,9 +60,10 @@ PROFILES = {
 
 
 def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path | None = None,
-             twin: str | Path | None = None) -> Path:
+             twin: str | Path | None = None, seeds: list[int] | None = None) -> Path:
     """Run the loop into the folder ``out``; returns the report's path. ``profile``: a name of PROFILES
-    or a DemoProfile; ``cell`` and ``twin`` (YAML paths) replace the profile's."""
+    or a DemoProfile; ``cell`` and ``twin`` (YAML paths) replace the profile's; ``seeds``: the policy
+    experiment's training seeds (its config's ``seeds``)."""
     from comsim.pipeline import stages as st
     from comsim.report.run import build_report
 
@@ -73,7 +74,8 @@ def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path |
     else:
         p, profile_name = profile, "custom"
     p = replace(p, cell=str(existing_config(cell, "--cell")) if cell is not None else p.cell,
-                twin=str(existing_config(twin, "--twin")) if twin is not None else p.twin)
+                twin=str(existing_config(twin, "--twin")) if twin is not None else p.twin,
+                policy_overrides=(*p.policy_overrides, *([f"seeds=[{','.join(map(str, seeds))}]"] if seeds else [])))
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     run = RunLayout(out)

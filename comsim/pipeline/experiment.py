@@ -25,6 +25,7 @@ import dataclasses
 import json
 import os
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from pathlib import Path
 from comsim.config import PRECISIONS, ConfigError, load_config, to_dict
 from comsim.episode import hash_dict
 from comsim.io.files import atomic_output
-from comsim.io.lerobot import dataset_complete
+from comsim.io.lerobot import DatasetError, dataset_complete, dataset_fingerprint
 from comsim.lab.cell import Region
 from comsim.lab.record import STILLS
 from comsim.lab.rollout import PanelConfig
@@ -42,6 +43,10 @@ from comsim.run_layout import ExperimentLayout
 from comsim.translator.sampling import SamplingParams
 
 BUILDS = ("lab", "factory", "convert")
+# the version of this module's training and scoring: part of every arm's and panel's identity, so a change
+# here that changes results is never mixed with results made before it
+EXPERIMENT_VERSION = 2
+INPUTS_FILE = "inputs.json"
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -115,11 +120,30 @@ class SweepConfig:
     label: str = ""
 
 
+CLAIM_TESTS = ("mcnemar_exact",)
+
+
 @dataclass
 class ClaimConfig:
+    """The claim, written before the run: ``arm`` beats every arm of ``beats`` on every panel of ``panels``.
+    Each comparison pools the paired trials of every training seed both arms ran; it holds when the arm's
+    success rate is higher by at least ``min_effect`` and the paired test's two-sided p-value is below
+    ``alpha``. The block is part of results.json's identity: a table judged by another claim says so."""
     arm: str
     beats: list[str]
     panels: list[str] = field(default_factory=lambda: ["id", "ood"])
+    test: str = "mcnemar_exact"  # exact McNemar on the discordant trials (comsim.pipeline.stats)
+    alpha: float = 0.05
+    min_effect: float = 0.10  # success-rate points (0.10: ten points)
+    statement: str = ""  # the claim in words, as the table prints it
+
+    def __post_init__(self):
+        if self.test not in CLAIM_TESTS:
+            raise ConfigError(f"claim.test: expected one of {CLAIM_TESTS}, got {self.test!r}")
+        if not 0 < self.alpha < 1:
+            raise ConfigError(f"claim.alpha: expected a number in (0, 1), got {self.alpha}")
+        if not 0 <= self.min_effect < 1:
+            raise ConfigError(f"claim.min_effect: expected a number in [0, 1), got {self.min_effect}")
 
 
 @dataclass
@@ -153,12 +177,24 @@ class ExperimentConfig:
     # cores two 1-thread lab_table arms side by side took 1031 s for the pair, against ~15 min an arm
     # one after the other with 2 threads (the keypoint policy's small convolutions use a second thread poorly).
     arm_workers: int = 1
+    # training seeds: every arm of `seeded_arms` trains once per seed s (train.seed + s) and is scored on a
+    # panel of its own (eval.seed + s), the same panel for every arm of that seed; the other arms run seed 0
+    seeds: list[int] = field(default_factory=lambda: [0])
+    seeded_arms: list[str] = field(default_factory=list)
+    # what the OOD panel is out of distribution for, printed with the table
+    ood_note: str = ""
 
     def __post_init__(self):
         policy_config(self.policy)  # validate early: errors name policy.<field>
         if self.arm_workers < 1:
             raise ConfigError(f"arm_workers: expected >= 1, got {self.arm_workers}")
+        if not self.seeds or any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds) \
+                or len(set(self.seeds)) != len(self.seeds) or 0 not in self.seeds:
+            raise ConfigError(f"seeds: expected distinct integers >= 0 that include 0, got {self.seeds}")
         names = [a.name for a in self.all_arms()]
+        for a in self.seeded_arms:
+            if a not in names:
+                raise ConfigError(f"seeded_arms: no arm {a!r}; arms are {names}")
         for n in names:
             if not NAME_RE.match(n):
                 raise ConfigError(f"arms: name {n!r} must match {NAME_RE.pattern} (it names a folder)")
@@ -220,11 +256,24 @@ def resolve_sources(cfg: ExperimentConfig, sources: list[SourceConfig]) -> list[
             for s in sources]
 
 
+def seed_config(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
+    """The experiment at training seed ``seed``: train.seed + seed, and a panel of its own (eval.seed + seed).
+    Seed 0 is the config itself, so its arms and panels keep their keys when seeds are added."""
+    if seed == 0:
+        return cfg
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, seed=cfg.train.seed + seed),
+                               eval=dataclasses.replace(cfg.eval, seed=cfg.eval.seed + seed))
+
+
+def arm_seeds(cfg: ExperimentConfig, arm: ArmConfig) -> list[int]:
+    return sorted(cfg.seeds) if arm.name in cfg.seeded_arms else [0]
+
+
 def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
     mix = MixtureConfig(sources=resolve_sources(cfg, arm.sources), synthetic_fraction=arm.synthetic_fraction)
     train = {k: v for k, v in to_dict(cfg.train).items() if k not in ("log_every", "save_every", "num_threads")}
     for name, default in (("compile", False), ("precision", "fp32")):
-        if train[name] == default:  # an arm keeps the key it had before the field existed
+        if train[name] == default:  # a field at its default stays out of the key: adding one keeps the others' keys
             del train[name]
     key = hash_dict({"data": to_dict(mix), "policy": policy_config(cfg.policy).to_dict(), "train": train})
     layout = ExperimentLayout(cfg.output_dir)
@@ -232,18 +281,36 @@ def arm_run(cfg: ExperimentConfig, arm: ArmConfig) -> PolicyRunConfig:
                            train=cfg.train, cache_dir=cfg.cache_dir or str(layout.cache))
 
 
-def eval_key(cfg: ExperimentConfig, panel: str) -> str:
+def arm_inputs(cfg: ExperimentConfig, arm: ArmConfig) -> dict:
+    """What an arm's result depends on beyond its key (which names datasets by path): the content of every
+    dataset it trains on, the experiment code's version and the thread count (a CPU reduction's order). An arm
+    folder whose recorded inputs differ is stale: it is trained again, never reused."""
+    run = arm_run(cfg, arm)
+    return {"code": EXPERIMENT_VERSION, "threads": cfg.train.num_threads,
+            "datasets": {s.dataset: dataset_fingerprint(s.dataset) for s in run.data.sources}}
+
+
+def _cell_hash(cell: str | None) -> str:
+    from comsim.lab.cell import load_lab_cell
+    return load_lab_cell(cell).hash()
+
+
+def _panel_identity(cfg: ExperimentConfig, panel: str) -> dict:
     e = cfg.eval
-    return hash_dict({"task": cfg.task, "cell": cfg.cell, "panel": to_dict(e.panels[panel]), "n_trials": e.n_trials,
-                      "seed": e.seed, "max_seconds": e.max_seconds, "steps": e.num_inference_steps})[:8]
+    return {"task": cfg.task, "cell": cfg.cell, "cell_content": _cell_hash(cfg.cell), "code": EXPERIMENT_VERSION,
+            "panel": to_dict(e.panels[panel]), "seed": e.seed, "max_seconds": e.max_seconds,
+            "steps": e.num_inference_steps}
+
+
+def eval_key(cfg: ExperimentConfig, panel: str) -> str:
+    """Key of a panel's results file: the panel, its trials and the cell's content (not only its path)."""
+    return hash_dict({**_panel_identity(cfg, panel), "n_trials": cfg.eval.n_trials})[:8]
 
 
 def trials_key(cfg: ExperimentConfig, panel: str) -> str:
     """Key of a panel's trial log: the eval key without the number of trials (trial i is the same
     trial in a panel of 20 and in one of 50, so a longer panel reuses the shorter one's trials)."""
-    e = cfg.eval
-    return hash_dict({"task": cfg.task, "cell": cfg.cell, "panel": to_dict(e.panels[panel]), "seed": e.seed,
-                      "max_seconds": e.max_seconds, "steps": e.num_inference_steps})[:8]
+    return hash_dict(_panel_identity(cfg, panel))[:8]
 
 
 def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[str, str | None]:
@@ -344,6 +411,18 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
 
     run = arm_run(cfg, arm)
     out = Path(run.output_dir)
+    inputs = arm_inputs(cfg, arm)
+    recorded = _recorded_inputs(out)
+    unknown = recorded is None and (out / "train_log.json").is_file()  # trained, but on inputs nobody recorded
+    if unknown or recorded not in (None, inputs):  # the data or code under this folder changed: start over
+        stale = out.with_name(f"{out.name}.stale-{time.strftime('%Y%m%d-%H%M%S')}")
+        log(f"experiment: arm {arm.name!r}: its inputs changed since {out} was made; kept as {stale.name}, "
+            "trained again")
+        out.rename(stale)
+    if not (out / INPUTS_FILE).is_file():
+        from comsim.io.files import write_json
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(inputs, out / INPUTS_FILE)
     data = None
     if not (out / "train_log.json").is_file():
         data = MixtureDataset(run.data, run.model_config(), run.cache_dir, where=f"arms[{arm.name}]")
@@ -380,13 +459,23 @@ def _panel_files(cfg: ExperimentConfig, out: Path) -> dict[str, Path]:
     return {p: ExperimentLayout.eval_file(out, p, eval_key(cfg, p)) for p in cfg.eval.panels}
 
 
+def _recorded_inputs(out: Path) -> dict | None:
+    path = out / INPUTS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def finished_arm(cfg: ExperimentConfig, arm: ArmConfig) -> dict | None:
-    """The result of ``arm`` if it is trained and scored on every panel of this config, read from
-    disk (nothing is trained or scored); None when any part is missing."""
+    """The result of ``arm`` if it is trained and scored on every panel of this config, with the same inputs,
+    read from disk (nothing is trained or scored); None when any part is missing or stale."""
     out = Path(arm_run(cfg, arm).output_dir)
     paths = _panel_files(cfg, out)
     log_file = out / "train_log.json"
     if not log_file.is_file() or not all(p.is_file() for p in paths.values()):
+        return None
+    try:
+        if _recorded_inputs(out) != arm_inputs(cfg, arm):
+            return None
+    except DatasetError:  # a dataset it trains on is not there (yet)
         return None
     return _arm_result(arm, out, json.loads(log_file.read_text()), paths)
 
@@ -400,7 +489,9 @@ def _arm_result(arm: ArmConfig, out: Path, train_log: dict, paths: dict[str, Pat
             "train": {k: train_log.get(k) for k in ("steps", "batch_size", "step_time_s", "wall_s", "cpu_s", "threads",
                                                     "final_loss", "num_parameters")},
             "panels": {p: {k: r[k] for k in ("success_rate", "ci95", "successes", "n_trials", "wall_s")}
-                       for p, r in panels.items()}}
+                       for p, r in panels.items()},
+            # per trial: the trial's lab seed -> success (the same seeds for every arm of a training seed)
+            "outcomes": {p: {str(t["seed"]): bool(t["success"]) for t in r.get("trials", [])} for p, r in panels.items()}}
 
 
 def _score_panel(job: tuple) -> None:
@@ -438,11 +529,13 @@ def _label(parts: list[dict]) -> str:
 def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | None = None,
                    datasets: dict[str, str | Path] | None = None, arms: list[str] | None = None,
                    overrides: list[str] | None = None, log=print, progress: bool = True) -> dict:
-    """Train and score every arm (or the named ones) that has its data; write results.json/.md.
+    """Train and score every arm (or the named ones) that has its data, once per training seed it runs
+    (``seeds``, ``seeded_arms``); write results.json/.md.
 
     With ``arms``, only those are trained and scored; the table also keeps every other arm that
     is already finished on disk for this config (``finished_arm``), so running arms one at a
-    time builds up one table instead of replacing it.
+    time builds up one table instead of replacing it; seeds added to a finished run reuse the
+    arms already trained.
     ``cfg``: an ExperimentConfig or its YAML (with dotted ``overrides``); ``output_dir`` and
     ``datasets`` ({name: path}) replace the config's, e.g. for a demo that made the data itself.
     Returns the results document (``rows``: one flat row per arm, for reports)."""
@@ -469,40 +562,50 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         raise ConfigError(f"experiment {cfg.name!r}: datasets: expected at least one arm with its data, got none: "
                           + "; ".join(f"{k}: {v}" for k, v in sorted(missing.items()) if v))
     t0 = time.time()
-    # every arm already finished on disk is in each partial table, also one later in the config's
-    # order than the arm being trained; arms that run replace their entry when they are done
-    by_name = {a.name: finished_arm(cfg, a) for a in every_arm}
+    # every (arm, seed) already finished on disk is in each partial table, also one later in the config's
+    # order than the one being trained; runs that finish replace their entry
+    by_unit = {(a.name, s): finished_arm(seed_config(cfg, s), a) for a in every_arm for s in arm_seeds(cfg, a)}
+    skipped_arms: dict[str, dict] = {}
 
-    def table() -> list[dict]:  # in the config's order, the arms done so far
-        return [by_name[a.name] for a in every_arm if by_name.get(a.name) is not None]
+    def table() -> list[dict]:  # in the config's order, the arms with at least one seed done so far
+        out = []
+        for a in every_arm:
+            if a.name in skipped_arms:
+                out.append(skipped_arms[a.name])
+            elif any(by_unit.get((a.name, s)) for s in arm_seeds(cfg, a)):
+                out.append(combine_seeds(cfg, a, {s: by_unit[(a.name, s)] for s in arm_seeds(cfg, a)
+                                                  if by_unit.get((a.name, s))}))
+        return out
 
     def skipped(arm: ArmConfig) -> bool:
         why = [missing[s.dataset] for s in arm.sources if missing.get(s.dataset)]
         if why:
             log(f"experiment: skipping arm {arm.name!r}: {why[0]}")
-            by_name[arm.name] = {"name": arm.name, "status": "skipped", "label": arm.label, "reason": why[0],
-                                 "synthetic_fraction_requested": arm.synthetic_fraction}
+            skipped_arms[arm.name] = {"name": arm.name, "status": "skipped", "label": arm.label, "reason": why[0],
+                                      "synthetic_fraction_requested": arm.synthetic_fraction}
             write_results(cfg, table())
         return bool(why)
 
-    todo = [a for a in all_arms if not any(missing.get(s.dataset) for s in a.sources) and finished_arm(cfg, a) is None]
+    todo = [(a, s) for a in all_arms if not any(missing.get(x.dataset) for x in a.sources)
+            for s in arm_seeds(cfg, a) if by_unit[(a.name, s)] is None]
     if cfg.arm_workers > 1 and len(todo) > 1:
         # arms side by side, each in its own process, its panels one after the other inside it
-        runnable = [a for a in all_arms if not skipped(a)]
+        units = [(a, s) for a in all_arms if not skipped(a) for s in arm_seeds(cfg, a)]
         lane = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, workers=1))
         from concurrent.futures import as_completed
-        with _pool(min(cfg.arm_workers, len(runnable))) as pool:
-            running = {pool.submit(_run_arm_in_worker, lane, arm): arm for arm in runnable}
+        with _pool(min(cfg.arm_workers, len(units))) as pool:
+            running = {pool.submit(_run_arm_in_worker, seed_config(lane, s), a): (a.name, s) for a, s in units}
             for done in as_completed(running):
-                by_name[running[done].name] = done.result()
-                write_results(cfg, table())  # after every arm: a partial table is always on disk
+                by_unit[running[done]] = done.result()
+                write_results(cfg, table())  # after every run: a partial table is always on disk
     else:
-        for arm in all_arms:
-            if not skipped(arm):
-                by_name[arm.name] = run_arm(cfg, arm, log, progress)
-                write_results(cfg, table())  # after every arm: a partial table is always on disk
-    results = table()
-    out = write_results(cfg, results)
+        for a in all_arms:
+            if skipped(a):
+                continue
+            for s in arm_seeds(cfg, a):
+                by_unit[(a.name, s)] = run_arm(seed_config(cfg, s), a, log, progress)
+                write_results(cfg, table())  # after every run: a partial table is always on disk
+    out = write_results(cfg, table())
     log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {ExperimentLayout(cfg.output_dir).results_md}")
     return out
 
@@ -510,28 +613,60 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
 # ----------------------------------------------------------------------------- results
 
 
+def combine_seeds(cfg: ExperimentConfig, arm: ArmConfig, by_seed: dict[int, dict]) -> dict:
+    """One arm's row: its seed-0 run's facts, success pooled over the seeds' panels (each seed its own
+    layouts, so the pooled trials are distinct), per-seed results and their spread."""
+    from comsim.lab.rollout import wilson_interval
+
+    first = by_seed[min(by_seed)]
+    row = {k: v for k, v in first.items() if k not in ("panels", "outcomes")}
+    row["seeds_done"] = sorted(by_seed)
+    row["seeds_planned"] = arm_seeds(cfg, arm)
+    row["panels"], row["outcomes"], row["seeds"], row["spread"] = {}, {}, {}, {}
+    for p in cfg.eval.panels:
+        k = sum(r["panels"][p]["successes"] for r in by_seed.values())
+        n = sum(r["panels"][p]["n_trials"] for r in by_seed.values())
+        lo, hi = wilson_interval(k, n)
+        row["panels"][p] = {"success_rate": k / n, "ci95": [lo, hi], "successes": k, "n_trials": n,
+                            "wall_s": sum(r["panels"][p].get("wall_s") or 0 for r in by_seed.values())}
+        row["outcomes"][p] = {key: ok for r in by_seed.values() for key, ok in r.get("outcomes", {}).get(p, {}).items()}
+        rates = [r["panels"][p]["success_rate"] for r in by_seed.values()]
+        row["spread"][p] = {"min": min(rates), "max": max(rates),
+                            "sd": float(statistics.stdev(rates)) if len(rates) > 1 else 0.0}
+    for s, r in sorted(by_seed.items()):
+        row["seeds"][str(s)] = {"dir": r["dir"], "panels": r["panels"]}
+    return row
+
+
 def judge_claim(cfg: ExperimentConfig, results: list[dict]) -> dict | None:
-    """Does ``claim.arm`` beat every ``claim.beats`` arm on every claimed panel, outside the intervals?"""
+    """Each pre-registered comparison (``claim.arm`` against every ``claim.beats`` arm, on each claimed panel):
+    the paired trials both arms ran (every seed both ran), the effect, its interval and the exact McNemar p;
+    the claim holds when every comparison's effect is >= min_effect with p < alpha."""
+    from comsim.pipeline.stats import compare
+
     c = cfg.claim
     if c is None:
         return None
-    by = {r["name"]: r for r in results}
+    by = {r["name"]: r for r in results if r["status"] == "done"}
     checks, holds = [], True
     for other in c.beats:
         for p in c.panels:
             a, b = by.get(c.arm), by.get(other)
-            if not (a and b and a["status"] == "done" and b["status"] == "done"):
+            if not (a and b):
                 checks.append({"arm": c.arm, "other": other, "panel": p, "result": "undecided (arm not run)"})
                 holds = None if holds is not False else False
                 continue
-            lo, hi = a["panels"][p]["ci95"][0], b["panels"][p]["ci95"][1]
-            ok = lo > hi
-            checks.append({"arm": c.arm, "other": other, "panel": p, "margin": lo - hi,
+            shared = sorted(set(a["outcomes"][p]) & set(b["outcomes"][p]))
+            res = compare({k: a["outcomes"][p][k] for k in shared}, {k: b["outcomes"][p][k] for k in shared})
+            ok = res["effect"] >= c.min_effect and res["p_value"] < c.alpha
+            checks.append({"arm": c.arm, "other": other, "panel": p, **res,
                            "result": "beats" if ok else "does not beat"})
             if not ok:
                 holds = False
-    return {"arm": c.arm, "beats": c.beats, "panels": c.panels, "holds": holds, "checks": checks,
-            "rule": "lower end of the arm's 95% interval above the upper end of the other's"}
+    return {"arm": c.arm, "beats": c.beats, "panels": c.panels, "statement": c.statement, "holds": holds,
+            "checks": checks, "identity": hash_dict(to_dict(c))[:12],
+            "rule": (f"paired on the same trials (every training seed both arms ran): the arm's success rate higher "
+                     f"by >= {c.min_effect:g} and the exact McNemar two-sided p < {c.alpha:g}")}
 
 
 def gap_closed(cfg: ExperimentConfig, results: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -568,9 +703,10 @@ def oracle_curve(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
 
 def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     layout = ExperimentLayout(cfg.output_dir)
-    doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "arms": results,
-           "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(), "claim": judge_claim(cfg, results),
-           "gap_closed": gap_closed(cfg, results), "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
+    doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "seeds": cfg.seeds,
+           "ood_note": cfg.ood_note, "arms": results, "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(),
+           "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
+           "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(layout.results) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     with atomic_output(layout.results_md) as tmp:
@@ -587,6 +723,8 @@ def _rows(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
         if cfg.gap is not None:
             for p in cfg.eval.panels:
                 row[f"{p} gap closed"] = _gap(gaps[r["name"]][p])
+        if len(cfg.seeds) > 1:
+            row["seeds"] = ", ".join(map(str, r.get("seeds_done", []))) if r["status"] == "done" else "-"
         rows.append(row)
     return rows
 
@@ -614,10 +752,15 @@ def _fraction(r: dict) -> str:
 def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     panels = list(cfg.eval.panels)
     pol = policy_config(cfg.policy)
+    seeds = (f"training seeds {', '.join(map(str, cfg.seeds))} for {', '.join(cfg.seeded_arms)} (each seed scored on "
+             f"a panel of its own, eval seed {cfg.eval.seed} + seed; the others seed 0), pooled; "
+             if len(cfg.seeds) > 1 and cfg.seeded_arms else "")
     lines = [f"# {cfg.name}", "",
              f"Task `{cfg.task}` in the lab; {pol.describe(cfg.eval.num_inference_steps)}, {cfg.train.steps} training steps of "
-             f"batch {cfg.train.batch_size}; {cfg.eval.n_trials} seeded trials per panel; success rate with "
+             f"batch {cfg.train.batch_size}; {cfg.eval.n_trials} seeded trials per panel; {seeds}success rate with "
              "95% Wilson interval (successes/trials).", ""]
+    if cfg.ood_note:
+        lines += [f"OOD: {cfg.ood_note}", ""]
     sweep = set(doc["sweep"])
 
     gaps = doc.get("gap_closed") or {}
@@ -639,6 +782,15 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     main = [r for r in doc["arms"] if r["name"] not in sweep]
     if main:
         lines += table(main, "Training data") + [""]
+    multi = [r for r in main if r["status"] == "done" and len(r.get("seeds", {})) > 1]
+    if multi:
+        lines += ["## Per training seed", "", "| Arm | " + " | ".join(f"{p}: per seed (spread sd)" for p in panels) + " |",
+                  "|---|" + "---|" * len(panels)]
+        for r in multi:
+            cells = [", ".join(f"s{s} {100 * v['panels'][p]['success_rate']:.0f}%" for s, v in r["seeds"].items())
+                     + f" (sd {100 * r['spread'][p]['sd']:.0f})" for p in panels]
+            lines.append(f"| {r.get('label') or r['name']} | " + " | ".join(cells) + " |")
+        lines.append("")
     if any(r["name"] in sweep for r in doc["arms"]):
         points = set(doc["sweep_points"])
         sw = sorted([r for r in doc["arms"] if r["name"] in points],
@@ -660,16 +812,24 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
     claim = doc.get("claim")
     if claim:
         verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "UNDECIDED"}[claim["holds"]]
-        lines += ["## Claim", "",
+        lines += ["## Claim (fixed before the run)", "",
+                  *([claim["statement"], ""] if claim.get("statement") else []),
                   f"`{claim['arm']}` beats {', '.join(f'`{b}`' for b in claim['beats'])} on "
-                  f"{', '.join(claim['panels'])} ({claim['rule']}): **{verdict}**", ""]
+                  f"{', '.join(claim['panels'])} ({claim['rule']}): **{verdict}**", "",
+                  "| Comparison | Panel | Paired trials | Arm only / other only | Effect [95% CI] | p (exact McNemar) | Result |",
+                  "|---|---|---|---|---|---|---|"]
         for c in claim["checks"]:
-            m = f" (margin {100 * c['margin']:+.0f} points)" if "margin" in c else ""
-            lines.append(f"- {c['panel']}: `{c['arm']}` {c['result']} `{c['other']}`{m}")
+            if "effect" not in c:
+                lines.append(f"| `{c['arm']}` vs `{c['other']}` | {c['panel']} | - | - | - | - | {c['result']} |")
+                continue
+            lo, hi = c["ci95"]
+            lines.append(f"| `{c['arm']}` vs `{c['other']}` | {c['panel']} | {c['trials']} | {c['arm_only']} / "
+                         f"{c['other_only']} | {100 * c['effect']:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}] points | "
+                         f"{c['p_value']:.3g} | {c['result']} |")
         lines.append("")
     done = [r for r in doc["arms"] if r["status"] == "done"]
     if done:
-        lines += ["## Training", "", "| Arm | Frames real / synthetic | Final loss | Step time (s) | Train wall (s) |",
+        lines += ["## Training (seed 0)", "", "| Arm | Frames real / synthetic | Final loss | Step time (s) | Train wall (s) |",
                   "|---|---|---|---|---|"]
         for r in done:
             fr = {p: sum(x["frames"] for x in r["data"] if x["pool"] == p) for p in ("real", "synthetic")}

@@ -40,6 +40,10 @@ class Policy(nn.Module, metaclass=ABCMeta):
     type: ClassVar[str]
     config_class: ClassVar[type]
 
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+
     # -- normalisation
     def register_stats(self, action_dim: int, state_dim: int, stats: dict | None = None) -> None:
         for key, dim in (("action", action_dim), ("state", state_dim)):

@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from comsim.config import ConfigError
-from comsim.io.lerobot import DatasetError, LeRobotDataset
+from comsim.io.lerobot import DatasetError, LeRobotDataset, dataset_fingerprint
 from comsim.io.files import atomic_output
 from comsim.episode import resize_frames
 from comsim.policy.config import REAL_SOURCES, MixtureConfig, SourceConfig
@@ -162,9 +162,7 @@ class MixtureDataset:
     def _cache_path(self, ds: LeRobotDataset, camera: str, size, n: int) -> Path | None:
         if self.cache_dir is None:
             return None
-        meta = sorted((p.relative_to(ds.root).as_posix(), p.stat().st_size)
-                      for p in (Path(ds.root) / "meta").rglob("*") if p.is_file())
-        key = json.dumps([str(Path(ds.root).resolve()), meta, camera, list(size), n])
+        key = json.dumps([dataset_fingerprint(ds.root), camera, list(size), n])  # content, not path: never stale
         return self.cache_dir / f"{Path(ds.root).name}-{camera}-{size[0]}x{size[1]}-{hashlib.sha256(key.encode()).hexdigest()[:12]}.npy"
 
     # -- facts

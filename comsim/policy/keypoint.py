@@ -174,12 +174,12 @@ def random_shift(x: torch.Tensor, pad: int, generator: torch.Generator | None) -
 
 
 class KeypointPolicy(Policy):
+    """Keypoints of a fixed crop -> MLP -> a chunk of ``horizon`` actions (L1); see the module docstring."""
     type = "keypoint"
     config_class = KeypointConfig
 
     def __init__(self, cfg: KeypointConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg)
         self.encoder = KeypointEncoder(cfg)
         d_in = (self.encoder.feature_dim + (cfg.state_dim if cfg.use_state else 0)) * cfg.n_obs_steps
         layers = []

@@ -295,13 +295,13 @@ class ConditionalUnet1d(nn.Module):
 
 
 class DiffusionPolicy(Policy):
+    """ResNet-18 keypoints + state -> a conditional 1D U-Net denoising a chunk of actions (DDPM, DDIM)."""
     type = "diffusion"
     config_class = DiffusionConfig
 
     def __init__(self, cfg: DiffusionConfig, stats: dict[str, dict[str, np.ndarray]] | None = None):
         """``stats``: {"action": {"min", "max"}, "observation.state": {"min", "max"}} of the training data."""
-        super().__init__()
-        self.config = cfg
+        super().__init__(cfg)
         self.rgb_encoder = RgbEncoder(cfg)
         global_cond_dim = (self.rgb_encoder.feature_dim + cfg.state_dim) * cfg.n_obs_steps
         self.unet = ConditionalUnet1d(cfg, global_cond_dim)

@@ -18,6 +18,17 @@ from comsim.report.plots import bar_chart_svg, line_chart_svg, top_view_svg
 from comsim.run_layout import ExperimentLayout, RunLayout
 
 
+def _comparison_row(c: dict) -> dict:
+    row = {"comparison": f"{c.get('arm')} vs {c.get('other')}", "panel": c.get("panel")}
+    if isinstance(c.get("effect"), (int, float)) and isinstance(c.get("ci95"), list):
+        lo, hi = c["ci95"]
+        row.update({"paired trials": c.get("trials"), "arm only / other only": f"{c.get('arm_only')} / {c.get('other_only')}",
+                    "effect [95% CI]": f"{100 * c['effect']:+.0f} [{100 * lo:+.0f}, {100 * hi:+.0f}] points",
+                    "p (exact McNemar)": f"{c.get('p_value'):.3g}" if isinstance(c.get("p_value"), float) else "-"})
+    row["result"] = c.get("result")
+    return row
+
+
 def policy_section(rep: Report, run: Path) -> None:
     path = next((p for p in (RunLayout(run).policy_results, ExperimentLayout(run).results) if p.is_file()), None)
     doc = read_json(path) if path else None
@@ -36,11 +47,16 @@ def policy_section(rep: Report, run: Path) -> None:
                  f"{ev['n_trials']} trials per panel ({doc.get('experiment', '')}).")
     rep.table(rows, caption=f"{doc.get('experiment', '')}: success rate with 95% Wilson interval "
               "(successes/trials), per evaluation panel (id: in distribution, ood: out of distribution)")
+    if doc.get("ood_note"):
+        rep.text(f"OOD: {doc['ood_note']}")
     claim = doc.get("claim")
     if claim:
         verdict = {True: "holds", False: "does not hold", None: "undecided"}.get(claim.get("holds"), "?")
-        rep.text(f"Claim: {claim.get('arm')} beats {', '.join(claim.get('beats', []))} on "
+        rep.text((f"{claim['statement']} " if claim.get("statement") else "")
+                 + f"Claim, fixed before the run: {claim.get('arm')} beats {', '.join(claim.get('beats', []))} on "
                  f"{', '.join(claim.get('panels', []))} ({claim.get('rule', '')}): {verdict}.")
+        rep.table([_comparison_row(c) for c in claim.get("checks") or [] if isinstance(c, dict)],
+                  caption="the claim's paired comparisons (the same trials for both arms)")
     groups, whiskers = {}, {}
     for p in panels:
         for a in arms:
