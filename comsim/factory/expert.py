@@ -106,10 +106,14 @@ class EpisodeRecorder:
     ``finish()`` judges it and makes the Episode (``<camera>_sim`` frames, the chosen control
     videos, the task objects' poses as ``observation.environment_state``). Whatever drives the
     arm (the scripted expert, a demonstration's transformed segments) records through this.
+    ``render=False`` steps the same physics without drawing anything (``judge()`` only): a
+    driver that knows its actions in advance finds out cheaply whether an episode succeeds.
     """
 
-    def __init__(self, program: TaskProgram, setup: EpisodeSetup, scene: Scene, controls: tuple[str, ...] = ()):
+    def __init__(self, program: TaskProgram, setup: EpisodeSetup, scene: Scene, controls: tuple[str, ...] = (),
+                 render: bool = True):
         self.program, self.setup, self.scene, self.controls = program, setup, scene, tuple(controls)
+        self.render = render
         steps_per_frame = round(1.0 / (program.fps * scene.control_dt))
         if steps_per_frame < 1 or abs(1.0 / (program.fps * scene.control_dt) - steps_per_frame) > 1e-6:
             raise ValueError(f"{program.path}: fps {program.fps} is not a whole number of control steps of "
@@ -122,11 +126,13 @@ class EpisodeRecorder:
         self.renderer: SceneRenderer | None = None
 
     def __enter__(self) -> "EpisodeRecorder":
-        self.renderer = SceneRenderer(self.scene, self.program.camera).__enter__()
+        if self.render:
+            self.renderer = SceneRenderer(self.scene, self.program.camera).__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.renderer.__exit__(*exc)
+        if self.renderer is not None:
+            self.renderer.__exit__(*exc)
 
     def __len__(self) -> int:
         return len(self.rec["action"])
@@ -134,9 +140,10 @@ class EpisodeRecorder:
     def step(self, action) -> None:
         """Record the frame as it is now, then hold ``action`` for one frame."""
         rec, scene = self.rec, self.scene
-        rec["rgb"].append(self.renderer.rgb())
-        for c, img in _controls_frame(self.renderer, self.controls, self.K).items():
-            rec[c].append(img)
+        if self.render:
+            rec["rgb"].append(self.renderer.rgb())
+            for c, img in _controls_frame(self.renderer, self.controls, self.K).items():
+                rec[c].append(img)
         rec["state"].append(scene.get_state().astype(np.float32))
         rec["env"].append(np.concatenate([np.concatenate(scene.object_pose(r)) for r in self.roles]))
         rec["action"].append(action)
@@ -149,12 +156,16 @@ class EpisodeRecorder:
         for _ in range(max(1, round(SETTLE_S * self.program.fps))):
             self.step(last)
 
+    def judge(self) -> tuple[bool, dict[str, bool]]:
+        """The task's predicates on the scene as it is now: (all pass, each verdict)."""
+        return evaluate(self.program, self.setup, self.scene)
+
     def finish(self, failure: str | None = None, detail: str = "", twin_hash: str | None = None,
                extra: dict | None = None) -> EpisodeResult:
         """Judge the final state with the task's predicates and make the Episode; ``failure``: why the
         driver stopped early (None: it ran to the end), ``extra``: more provenance."""
         program, setup, rec = self.program, self.setup, self.rec
-        success, verdicts = evaluate(program, setup, self.scene)
+        success, verdicts = self.judge()
         if not success and failure is None:
             failed = [k for k, v in verdicts.items() if not v]
             failure, detail = "predicate", f"{program.path}: not met: {failed}"
