@@ -51,7 +51,8 @@ from tqdm.auto import tqdm
 
 from comsim.episode import episode_seed
 from comsim.errors import ComSimError, InputError
-from comsim.factory.demos import Segment, SourceDemo, Sources, aligned_twin, load_sources
+from comsim.factory.demos import (Segment, SourceDemo, Sources, aligned_twin, load_sources, subtasks,
+                                  twin_objects)
 from comsim.factory.expert import EpisodeRecorder, EpisodeResult
 from comsim.factory.generate import HEADER_FILE, REPORT_FILE, TASK_FILE, write_report
 from comsim.factory.layout import SPLITS, EpisodeSetup, sample_setup
@@ -348,9 +349,11 @@ def check_demos(paired: str | Path, task: str | Path | None = None, split: str =
     and the checked, segmented source demonstrations; writes nothing else."""
     paired = Path(paired)
     task = task if task is not None else default_task(paired)
-    load_program(task)  # errors name the user's file, not the scratch copy
+    scene_path, spec, _ = aligned_twin(paired)
+    mine = load_program(task)  # errors name the user's file and line, not the scratch copy's
+    twin_objects(mine, spec, scene_path)
+    subtasks(mine)
     with tempfile.TemporaryDirectory() as tmp:
-        scene_path, _, _ = aligned_twin(paired)
         program = load_program(task_in_scene(task, scene_path, Path(scratch or tmp) / TASK_FILE))
         if split not in program.layout:
             raise InputError(program.path, "layout.out_of_distribution", "a section for split 'ood'", "none")
@@ -384,7 +387,7 @@ def generate_from_demos(paired: str | Path, episodes: int, out: str | Path, *, t
     claim_output(out, HEADER_FILE, None, (), COMMAND)  # a foreign folder is refused before any work
     with tempfile.TemporaryDirectory() as tmp:
         program, sources = check_demos(paired, task, split, Path(tmp))
-        header = {"command": COMMAND, "task": program.name, "program": str((out / TASK_FILE).resolve()),
+        header = {"command": COMMAND, "task": program.name, "program": TASK_FILE,
                   "program_hash": program.hash, "paired": str(paired.resolve()), "paired_hash": paired_hash(paired),
                   "seed": seed, "split": split, "only_success": True, "max_attempts": max_attempts,
                   "controls": list(controls), "fps": program.fps, "camera": program.camera,
@@ -394,7 +397,7 @@ def generate_from_demos(paired: str | Path, episodes: int, out: str | Path, *, t
             write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
         with atomic_output(out / TASK_FILE) as dst:
             shutil.copyfile(program.path, dst)
-    program_path = header["program"]
+    program_path = str((out / TASK_FILE).resolve())
     program = load_program(program_path)
     writer = DatasetWriter(out, program.fps, resume=True)
     info = out / "meta" / "info.json"
