@@ -86,7 +86,7 @@ def test_a_demo_moved_to_a_new_cube_pose_pushes_it_onto_the_goal(paired, tmp_pat
 
     # the demonstration's own layout: its own hand poses, the same joints, success
     setup.poses = {"cube": (src[0], src[1], float(demo.yaw["cube"][seg.start]))}
-    plan = plan_attempt(demo, setup, program)
+    plan = plan_attempt(demo, setup)
     np.testing.assert_allclose(plan.pos, demo.tcp_pos, atol=1e-9)
     np.testing.assert_allclose(plan.rot, demo.tcp_rot, atol=1e-9)
     assert np.abs(plan_actions(plan, robot, demo.action[0, :7]) - demo.action).max() < 0.02
@@ -94,7 +94,7 @@ def test_a_demo_moved_to_a_new_cube_pose_pushes_it_onto_the_goal(paired, tmp_pat
     # a new pose
     new = (src[0] + 0.04, src[1] - 0.02, float(demo.yaw["cube"][seg.start]) + 0.3)
     setup.poses = {"cube": new}
-    plan = plan_attempt(demo, setup, program)
+    plan = plan_attempt(demo, setup)
     d_src, d_new = goal - src[:2], goal - np.asarray(new[:2])
     turn = np.arctan2(d_new[1], d_new[0]) - np.arctan2(d_src[1], d_src[0])
     c, s = np.cos(turn), np.sin(turn)

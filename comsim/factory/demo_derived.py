@@ -35,6 +35,7 @@ each transform, the segments, the attempt and the seed.
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -44,7 +45,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-import json
 import mujoco
 import numpy as np
 from tqdm.auto import tqdm
@@ -128,7 +128,7 @@ class Plan:
     segments: list[dict]
 
 
-def segment_placements(demo: SourceDemo, seg: Segment, setup: EpisodeSetup, program: TaskProgram):
+def segment_placements(demo: SourceDemo, seg: Segment, setup: EpisodeSetup):
     """(placement at each frame of ``seg``, {name: placement} to report). Grasp and place move with the
     object; a push goes from the object's placement to the goal's as the object advances."""
     st, frames = seg.subtask, np.arange(seg.start, seg.end + 1)
@@ -161,14 +161,14 @@ def segment_placements(demo: SourceDemo, seg: Segment, setup: EpisodeSetup, prog
     return [at_object.blend(at_goal, w) for w in progress], {name: at_object, str(st.goal): at_goal}
 
 
-def plan_attempt(demo: SourceDemo, setup: EpisodeSetup, program: TaskProgram) -> Plan:
+def plan_attempt(demo: SourceDemo, setup: EpisodeSetup) -> Plan:
     """The demonstration's hand motion moved onto ``setup``'s layout (see the module docstring)."""
     T = len(demo)
     per_frame: list = [None] * T  # (placement a, placement b, weight of b)
     transforms, described = {}, []
     ends = []
     for seg in demo.segments:
-        ps, named = segment_placements(demo, seg, setup, program)
+        ps, named = segment_placements(demo, seg, setup)
         transforms.update({k: v.describe() for k, v in named.items()})
         for t, p in zip(range(seg.start, seg.end + 1), ps):
             per_frame[t] = (p, p, 0.0)
@@ -251,7 +251,7 @@ def attempt(program: TaskProgram, sources: Sources, robot_scene, seed: int, spli
     setup = sample_setup(program, seed, split)
     demo = choose_demo(sources.usable, seed)
     summary = {"seed": seed, "source_episode": demo.episode, "failure": None, "detail": ""}
-    plan = plan_attempt(demo, setup, program)
+    plan = plan_attempt(demo, setup)
     max_frames = int(round(program.max_seconds * program.fps))
     if len(plan.pos) > max_frames:
         summary.update(failure="timeout", detail=f"{len(plan.pos)} frames > max_seconds={program.max_seconds}")
