@@ -76,8 +76,8 @@ def _generate(a):
     if not a.out:
         raise InputError(None, "--out", "an output folder (unless --dry-run)", "none")
     report = generate_dataset(a.task, a.episodes, Path(a.out), workers=a.workers, seed=a.seed, split=a.split,
-                              only_success=a.only_success, max_attempts=10 if a.max_attempts is None else a.max_attempts, controls=a.controls,
-                              scene=a.scene, progress=not a.no_progress)
+                              only_success=a.only_success, max_attempts=10 if a.max_attempts is None else a.max_attempts,
+                              controls=a.controls, scene=a.scene, progress=not a.no_progress)
     print(json.dumps(report))
 
 
@@ -96,8 +96,8 @@ def _generate_from_demos(a):
     if not a.out:
         raise InputError(None, "--out", "an output folder (unless --dry-run)", "none")
     report = generate_from_demos(a.from_demos, a.episodes, Path(a.out), task=a.task, workers=a.workers, seed=a.seed,
-                                 split=a.split, max_attempts=50 if a.max_attempts is None else a.max_attempts, controls=a.controls,
-                                 progress=not a.no_progress)
+                                 split=a.split, max_attempts=50 if a.max_attempts is None else a.max_attempts,
+                                 controls=a.controls, progress=not a.no_progress)
     print(json.dumps(report))
 
 
