@@ -120,11 +120,12 @@ def test_a_demo_moved_to_a_new_cube_pose_pushes_it_onto_the_goal(paired, tmp_pat
 
 def test_failed_attempts_are_counted_and_never_written(paired, tmp_path):
     """Goals drawn along a 20 cm line, success judged at its middle (the twin's target sticker,
-    where the demonstrations pushed): most attempts fail by construction. Each kept episode succeeded; every failure is counted (report and provenance);
-    an episode with no successful attempt stops the run and writes nothing."""
+    where the demonstrations pushed): most attempts fail by construction. Each kept episode
+    succeeded; every failure is counted (report and provenance); an episode with no successful
+    attempt stops the run and writes nothing."""
     judged_at_the_sticker = ("- at: {object: cube, target: goal}", "- at: {object: cube, target: [0.5, 0.12]}")
-    task = edited_task(tmp_path, ("goal: {x: [0.50, 0.50], y: [0.12, 0.12]}", "goal: {x: [0.40, 0.60], y: [0.12, 0.12]}"),
-                       judged_at_the_sticker)
+    goal_line = "goal: {x: [0.50, 0.50], y: [0.12, 0.12]}"
+    task = edited_task(tmp_path, (goal_line, "goal: {x: [0.40, 0.60], y: [0.12, 0.12]}"), judged_at_the_sticker)
     out = tmp_path / "some_fail"
     report = generate_from_demos(paired, 2, out, task=task, seed=1, max_attempts=30, progress=False)
     ds = LeRobotDataset(out)
@@ -142,10 +143,9 @@ def test_failed_attempts_are_counted_and_never_written(paired, tmp_path):
     assert sum(v["attempts"] for v in report["per_source"].values()) == report["attempts"]
 
     # the demonstrations (pushed onto the sticker) pass the check; no goal drawn 12+ cm from it can
-    never = edited_task(tmp_path, ("goal: {x: [0.50, 0.50], y: [0.12, 0.12]}", "goal: {x: [0.62, 0.66], y: [0.12, 0.12]}"),
-                        judged_at_the_sticker)
+    never = edited_task(tmp_path, (goal_line, "goal: {x: [0.62, 0.66], y: [0.12, 0.12]}"), judged_at_the_sticker)
     out = tmp_path / "never"
-    with pytest.raises(DemoDerivedError, match=r"episode 0: none of 2 attempts succeeded \(failures: \{'predicate': 2\}"):
+    with pytest.raises(DemoDerivedError, match=r"episode 0: none of 2 attempts succeeded \(failures: \{'predicate': 2"):
         generate_from_demos(paired, 1, out, task=never, max_attempts=2, progress=False)
     assert sorted(p.name for p in out.iterdir()) == ["generation.json", "task.yaml"]  # no episode, staged or not
 
