@@ -240,7 +240,7 @@ def test_bad_inputs_are_named_before_anything_is_written(paired, tmp_path):
                               provenance=prov))
     for f in ("twin_aligned.yaml", "twin_alignment.json"):
         shutil.copyfile(paired / f, bare / f)
-    with pytest.raises(ComSimError, match=r"bare: episode 0: twin_object_pos: expected where the twin found"):
+    with pytest.raises(ComSimError, match=r"bare: episode 0: twin_object_pos: expected where the twin found the objects"):
         generate_from_demos(bare, 1, out, progress=False)
     assert not out.exists()
 

@@ -9,8 +9,8 @@ What a paired dataset (``comsim twin replay``) holds, and what is read from it:
   ``twin_alignment.json`` and every episode's ``twin_spec_hash``: the actions are in this twin's frame.
 - per episode: ``action`` (the demonstrator's joint targets + gripper command, frame by frame),
   ``observation.state`` (its first row: where the arm started) and ``twin_object_pos`` /
-  ``twin_object_quat`` (their first row: where the twin put the objects). Without those two
-  fields, the provenance's ``refined_objects`` or ``localized_objects`` give the initial poses.
+  ``twin_object_quat``; the objects' initial poses are the ones the replay's provenance records
+  (``refined_objects`` or ``localized_objects``), else the first row of those fields.
 The objects' poses over time and the robot's contacts with them come from a physics replay of
 the actions in the aligned twin (``twin.track.PhysicsReplay``, stepped as ``comsim twin replay``
 steps), so a ``kinematic`` replay, whose objects never move, serves as well. The commanded
@@ -206,8 +206,15 @@ def _source_goal(program: TaskProgram, target: str, spec: SceneSpec, final_xy: n
 
 
 def _initial_poses(ds: LeRobotDataset, e: int, cols: dict, spec: SceneSpec, wanted: list[str]) -> dict:
-    """{twin object: (pos, quat)} at frame 0: the replay's own poses, else its provenance's estimates."""
+    """{twin object: (pos, quat)} at frame 0, as the replay set them: the poses its provenance records
+    (``refined_objects``, else the ``localized_objects`` found; exact, where the stored tracks are
+    float32 and a push amplifies their rounding), else the replay's first ``twin_object_pos``."""
     names = [o.name for o in spec.objects]
+    extra = ds.episode_info(e)["provenance"].extra
+    found = (extra.get("refined_objects") or {}).get("objects") or extra.get("localized_objects")
+    if isinstance(found, dict) and found:
+        return {n: (np.asarray(r["pos"], np.float64), yaw_quat(float(r["yaw"]))) for n, r in found.items()
+                if n in names and isinstance(r, dict) and r.get("found", True) and "pos" in r and "yaw" in r}
     if "twin_object_pos" in cols and "twin_object_quat" in cols:
         pos = cols["twin_object_pos"].reshape(len(cols["twin_object_pos"]), -1, 3)
         quat = cols["twin_object_quat"].reshape(len(cols["twin_object_quat"]), -1, 4)
@@ -215,18 +222,9 @@ def _initial_poses(ds: LeRobotDataset, e: int, cols: dict, spec: SceneSpec, want
             raise InputError(ds.root / "meta" / "info.json", "features.twin_object_pos",
                              f"one pose per object of the aligned twin ({names})", f"{pos.shape[1]} poses")
         return {n: (pos[0, i].astype(np.float64), quat[0, i].astype(np.float64)) for i, n in enumerate(names)}
-    extra = ds.episode_info(e)["provenance"].extra
-    found = (extra.get("refined_objects") or {}).get("objects") or extra.get("localized_objects") or {}
-    out = {}
-    for n in names:
-        r = found.get(n)
-        if isinstance(r, dict) and r.get("found", True) and "pos" in r and "yaw" in r:
-            out[n] = (np.asarray(r["pos"], np.float64), yaw_quat(float(r["yaw"])))
-        elif n in wanted:
-            raise InputError(f"{ds.root}: episode {e}", "twin_object_pos",
-                             f"where the twin found {n!r} (a physics replay by `comsim twin replay` records it)",
-                             "missing, and not in the provenance's refined_objects/localized_objects")
-    return out
+    raise InputError(f"{ds.root}: episode {e}", "twin_object_pos",
+                     f"where the twin found the objects {wanted} (a physics replay by `comsim twin replay` "
+                     "records it)", "missing, and no refined_objects/localized_objects in the provenance")
 
 
 def tcp_poses(scene, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
