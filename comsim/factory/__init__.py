@@ -11,9 +11,9 @@
 - ``generate.py``  parallel, resumable dataset generation and its report
 - ``demos.py``     source demonstrations from a paired dataset: replayed in the twin, segmented
 - ``demo_derived.py`` their segments moved onto new layouts (MimicGen-style), `--from-demos`
+  (``from comsim.factory.demo_derived import generate_from_demos``: not imported here, it needs the twin)
 """
-from comsim.factory.demo_derived import generate_from_demos
 from comsim.factory.generate import generate_dataset
 from comsim.factory.program import ProgramError, TaskProgram, load_program
 
-__all__ = ["ProgramError", "TaskProgram", "generate_dataset", "generate_from_demos", "load_program"]
+__all__ = ["ProgramError", "TaskProgram", "generate_dataset", "load_program"]
