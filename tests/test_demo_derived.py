@@ -35,7 +35,7 @@ def record_and_replay(root: Path, task: str, episodes: int = 2, seed: int = 3) -
     """Lab demonstrations of ``task`` and their physics replay in the twin: a paired dataset."""
     from comsim.config import PANDA_CELL, PANDA_PUSH_CELL
     from comsim.lab.record import record_dataset
-    from comsim.twin.lab_pairs import true_calibration
+    from comsim.lab.pairs import true_calibration
     from comsim.twin.replay import replay_dataset
 
     lab = record_dataset(task, episodes=episodes, out=root / f"lab_{task}", seed=seed, calibration_stills=0)
