@@ -35,7 +35,6 @@ each transform, the segments, the attempt and the seed.
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -59,7 +58,7 @@ from comsim.factory.layout import SPLITS, EpisodeSetup, sample_setup
 from comsim.factory.program import TASKS_DIR, TaskProgram, load_program, task_in_scene
 from comsim.io.files import atomic_output, write_json
 from comsim.io.keys import CONTROLS
-from comsim.io.lerobot import DatasetWriter, LeRobotDataset
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset, dataset_fingerprint, finished_episode_count
 from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.sim.ik import solve_ik
 from comsim.sim.motion import IK_TOLERANCE, symmetry_period
@@ -323,13 +322,10 @@ def _work(args) -> dict:
 
 
 def paired_hash(paired: Path) -> str:
-    """Identity of a paired dataset's content: its index files and aligned twin (no video decoded)."""
-    h = hashlib.sha256()
-    files = [paired / "meta" / "info.json", *sorted((paired / "meta" / "episodes").glob("chunk-*/file-*.parquet")),
-             paired / "twin_aligned.yaml"]
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes() if f.is_file() else b"")
+    """Identity of a paired dataset's content: its episodes and its aligned twin."""
+    twin = paired / "twin_aligned.yaml"
+    h = hashlib.sha256(dataset_fingerprint(paired).encode())
+    h.update(twin.read_bytes() if twin.is_file() else b"")
     return h.hexdigest()[:16]
 
 
@@ -400,9 +396,8 @@ def generate_from_demos(paired: str | Path, episodes: int, out: str | Path, *, t
     program_path = str((out / TASK_FILE).resolve())
     program = load_program(program_path)
     writer = DatasetWriter(out, program.fps, resume=True)
-    info = out / "meta" / "info.json"
-    if info.is_file():
-        total = json.loads(info.read_text())["total_episodes"]
+    total = finished_episode_count(out)
+    if total is not None:
         if total != episodes:
             raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                                     "appending is not supported, generate into a new folder")

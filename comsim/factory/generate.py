@@ -17,7 +17,6 @@ after closing) counts attempts, successes and failures by reason.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -29,7 +28,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from comsim.io.keys import CONTROLS
-from comsim.io.lerobot import DatasetWriter, LeRobotDataset, dataset_complete
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset, finished_episode_count
 from comsim.io.files import atomic_output, write_json
 from comsim.errors import InputError
 from comsim.io.paths import OutputFolderError, check_output_path, claim_output
@@ -155,8 +154,8 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
             with atomic_output(out / TASK_FILE) as dst:
                 shutil.copyfile(program.path, dst)
     writer = DatasetWriter(out, program.fps, resume=True)
-    if dataset_complete(out):
-        total = json.loads((out / "meta" / "info.json").read_text())["total_episodes"]
+    total = finished_episode_count(out)
+    if total is not None:
         if total != episodes:
             raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                              "appending is not supported, generate into a new folder")

@@ -70,6 +70,13 @@ def dataset_complete(root: str | Path) -> bool:
     return (Path(root) / "meta" / "info.json").is_file()
 
 
+def finished_episode_count(root: str | Path) -> int | None:
+    """How many episodes a finished dataset at ``root`` holds; None while it is not finished."""
+    if not dataset_complete(root):
+        return None
+    return int(json.loads((Path(root) / "meta" / "info.json").read_text())["total_episodes"])
+
+
 _FINGERPRINTS: dict[tuple, str] = {}
 
 

@@ -13,7 +13,6 @@ staged episodes, which a rerun with the same arguments keeps. ``lab_truth.json``
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +21,7 @@ from tqdm.auto import tqdm
 from comsim.episode import Episode, Provenance
 from comsim.errors import InputError
 from comsim.io.files import write_json
-from comsim.io.lerobot import DatasetWriter, dataset_complete
+from comsim.io.lerobot import DatasetWriter, finished_episode_count
 from comsim.io.paths import OutputFolderError, claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
@@ -99,8 +98,8 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
     # resuming rewrites OUT/calibration, which must never be a user's folder.
     claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded")
     writer = DatasetWriter(out, fps, resume=resume)  # without resume: refuses a non-empty folder
-    if dataset_complete(out):  # closed before
-        total = json.loads((out / "meta" / "info.json").read_text())["total_episodes"]
+    total = finished_episode_count(out)
+    if total is not None:  # closed before
         if total != episodes:
             raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
                              "appending is not supported, record into a new folder")
