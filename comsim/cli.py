@@ -95,6 +95,10 @@ def _eval_video(a):
     from comsim.metrics.evaluate import METRICS, EvalOptions, evaluate_video, to_json_safe
     from comsim.io.video import atomic_output
 
+    if a.out:  # refused before the metrics run, not after
+        from comsim.io.paths import check_output_file
+
+        check_output_file(a.out)
     metrics = tuple(m.strip() for m in a.metrics.split(",") if m.strip()) if a.metrics else METRICS
     opts = EvalOptions(camera=a.camera, metrics=metrics, inception=a.inception, i3d=a.i3d, lpips_net=a.lpips_net,
                        allow_download=a.allow_download, clip=a.clip, twin=a.twin, twin_camera=a.twin_camera,

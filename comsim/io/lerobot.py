@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from comsim.episode import Episode, Provenance
 from comsim.errors import ComSimError, InputError
 from comsim.io.files import atomic_output, write_json
+from comsim.io.lock import is_lock_file
 from comsim.io import paths
 from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, concat_videos, read_video,
                              video_info, write_video)
@@ -197,6 +198,37 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 # ----------------------------------------------------------------------------- writer
 
 
+def _staged(root: Path) -> dict[int, Path]:
+    staging = root / STAGING
+    if not staging.is_dir():
+        return {}
+    return {int(p.name.split("_")[1]): p for p in staging.iterdir() if p.is_dir() and p.name.startswith("episode_")}
+
+
+def _consolidated(root: Path) -> set[int]:
+    info = root / "meta" / "info.json"
+    return set(range(json.loads(info.read_text())["total_episodes"])) if info.is_file() else set()
+
+
+def finished_episodes(root: str | Path) -> set[int]:
+    """Episode indices safely on disk in ``root`` (staged, or in the closed dataset); touches nothing."""
+    return set(_staged(Path(root))) | _consolidated(Path(root))
+
+
+def check_resumable(root: str | Path, episodes: int, verb: str) -> None:
+    """A run of ``episodes`` episodes may resume in ``root``: a closed dataset there has that many, and no
+    episode beyond them is staged. Otherwise OutputFolderError (checked before the run writes anything)."""
+    root = Path(root)
+    done = _consolidated(root)
+    if done and len(done) != episodes:
+        raise paths.OutputFolderError(f"{root}: holds a finished dataset of {len(done)} episodes, asked for "
+                                      f"{episodes}; appending is not supported, {verb} into a new folder")
+    beyond = sorted(i for i in _staged(root) if i >= episodes)
+    if beyond:
+        raise paths.OutputFolderError(f"{root}: episodes {beyond} are already staged but --episodes is {episodes}; "
+                                      f"rerun with --episodes {max(beyond) + 1} or use a new folder")
+
+
 class DatasetWriter:
     """Write Episodes as a LeRobot v3.0 dataset; see the module docstring for the guarantees.
 
@@ -221,7 +253,7 @@ class DatasetWriter:
         self.staging = self.root / STAGING
         self.features: dict | None = None  # fixed by the first episode (or by staged ones)
         self._closed = False
-        if not resume and self.root.exists() and any(self.root.iterdir()):
+        if not resume and self.root.exists() and any(not is_lock_file(p.name) for p in self.root.iterdir()):
             raise DatasetError(f"{self.root}: folder is not empty (a dataset or a partial one is there); "
                                "pass resume=True to continue it, or choose an empty folder")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -229,19 +261,15 @@ class DatasetWriter:
 
     # -- what is on disk
     def _staged(self) -> dict[int, Path]:
-        if not self.staging.is_dir():
-            return {}
-        return {int(p.name.split("_")[1]): p for p in self.staging.iterdir()
-                if p.is_dir() and p.name.startswith("episode_")}
+        return _staged(self.root)
 
     def _consolidated(self) -> set[int]:
-        info = self.root / "meta" / "info.json"
-        return set(range(json.loads(info.read_text())["total_episodes"])) if info.is_file() else set()
+        return _consolidated(self.root)
 
     @property
     def finished_episodes(self) -> set[int]:
         """Episode indices that are safely on disk (staged or already consolidated)."""
-        return set(self._staged()) | self._consolidated()
+        return finished_episodes(self.root)
 
     # -- writing
     def add_episode(self, ep: Episode, episode_index: int | None = None) -> int:
@@ -589,6 +617,7 @@ class LeRobotDataset:
             have = video_info(path)["num_frames"]
             if 0 < have < n:  # 0 = the container does not say; checked when decoding
                 raise DatasetError(f"{path}: {have} video frames, but the episodes index needs {n}")
+        self._video_frames_needed = needed
         return rows
 
     def _load_v2(self) -> list[dict]:
@@ -615,6 +644,7 @@ class LeRobotDataset:
             for path in [r["data_path"], *(p for p, _ in r["videos"].values())]:
                 if not path.is_file():
                     raise DatasetError(f"{path}: file not found (episode {e})")
+        self._video_frames_needed = {p: r["length"] for r in rows for p, _ in r["videos"].values()}
         return rows
 
     def _path(self, template: str, **fields) -> Path:
@@ -679,6 +709,18 @@ class LeRobotDataset:
                     bad = np.nonzero(~np.isfinite(x).all(1))[0]
                     raise DatasetError(f"{self._row(i)['data_path']}: episode {i}: field {name!r}: expected "
                                        f"finite numbers, got NaN/inf at frames {bad[:5].tolist()}")
+
+    def check_videos(self) -> None:
+        """Decode every video file once: a file that is corrupt or ends early raises a DatasetError naming it
+        (opening the dataset reads only the headers). Commands that will read every frame call it before
+        they write anything."""
+        from comsim.io.video import count_frames
+
+        for path, n in self._video_frames_needed.items():
+            have = count_frames(path)
+            if have < n:
+                raise DatasetError(f"{path}: {have} decodable video frames, but the episodes index needs {n} "
+                                   "(the file is truncated or corrupt)")
 
     def read_window(self, i: int, start: int, length: int, cameras: list[str] | None = None) -> Episode:
         """Frames ``[start, start + length)`` of episode ``i`` as an Episode (timestamps kept
