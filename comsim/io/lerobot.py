@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import ComSimError, InputError
-from comsim.io.files import atomic_output, write_json
+from comsim.io.files import atomic_output, out_of_space_is, write_json
 from comsim.io.lock import is_lock_file
 from comsim.io import paths
 from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, concat_videos, read_video,
@@ -315,35 +315,40 @@ class DatasetWriter:
 
         # Everything goes to a hidden temporary folder first; the rename below publishes it.
         tmp = self.staging / f".tmp-episode_{idx:06d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)  # also creates .staging/
         try:
-            arrays = {k: _to_arrow(v) for k, v in cols.items()}
-            arrays["timestamp"] = pa.array((np.arange(T) / self.fps).astype(np.float32))
-            arrays["frame_index"] = pa.array(np.arange(T, dtype=np.int64))
-            pq.write_table(pa.table(arrays), tmp / "data.parquet", compression="snappy")
-            image_stats = {}
-            for cam in sorted(ep.frames):
-                key = IMAGE_PREFIX + cam
-                write_video(tmp / f"{key}.mp4", ep.frames[cam], self.fps, crf=self.crf, gop=self.gop,
-                            pix_fmt=self.pix_fmt)
-                image_stats[key] = _image_stats(ep.frames[cam]).state()
-            meta = {"episode_index": idx, "length": T, "fps": self.fps, "task": ep.task or ep.provenance.task,
-                    "success": None if ep.success is None else bool(ep.success),
-                    "provenance": ep.provenance.to_dict(), "features": feats, "image_stats": image_stats}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-            for p in tmp.iterdir():
-                _fsync(p)
-            try:
-                os.rename(tmp, self.staging / f"episode_{idx:06d}")
-            except OSError as e:  # another process staged the same index meanwhile
-                raise DatasetError(f"{where} was staged concurrently by another writer") from e
-            _fsync(self.staging)
+            with out_of_space_is(f"{where}: staging it"):
+                self._stage(ep, idx, T, cols, feats, tmp, where)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp)
         if self.features is None:
             self.features = feats
         return idx
+
+    def _stage(self, ep: Episode, idx: int, T: int, cols: dict, feats: dict, tmp: Path, where: str) -> None:
+        """Write episode ``idx`` into the hidden folder ``tmp``, then rename it into ``.staging``."""
+        tmp.mkdir(parents=True)  # also creates .staging/
+        arrays = {k: _to_arrow(v) for k, v in cols.items()}
+        arrays["timestamp"] = pa.array((np.arange(T) / self.fps).astype(np.float32))
+        arrays["frame_index"] = pa.array(np.arange(T, dtype=np.int64))
+        pq.write_table(pa.table(arrays), tmp / "data.parquet", compression="snappy")
+        image_stats = {}
+        for cam in sorted(ep.frames):
+            key = IMAGE_PREFIX + cam
+            write_video(tmp / f"{key}.mp4", ep.frames[cam], self.fps, crf=self.crf, gop=self.gop,
+                        pix_fmt=self.pix_fmt)
+            image_stats[key] = _image_stats(ep.frames[cam]).state()
+        meta = {"episode_index": idx, "length": T, "fps": self.fps, "task": ep.task or ep.provenance.task,
+                "success": None if ep.success is None else bool(ep.success),
+                "provenance": ep.provenance.to_dict(), "features": feats, "image_stats": image_stats}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        for p in tmp.iterdir():
+            _fsync(p)
+        try:
+            os.rename(tmp, self.staging / f"episode_{idx:06d}")
+        except OSError as e:  # another process staged the same index meanwhile
+            raise DatasetError(f"{where} was staged concurrently by another writer") from e
+        _fsync(self.staging)
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -355,7 +360,12 @@ class DatasetWriter:
 
     def close(self) -> None:
         """Join all staged episodes (from every process) into the v3.0 files. Run it once,
-        after all writers have finished adding episodes."""
+        after all writers have finished adding episodes. On a full disk the staged episodes stay
+        (and no meta/info.json is written): a later close() with space finishes the job."""
+        with out_of_space_is(f"{self.root}: joining the staged episodes"):
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         staged = self._staged()
