@@ -284,7 +284,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from comsim.errors import exit_for
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # an unset shell variable (`--out $OUT`) must not mean the working directory, as Path("") would
+    empty = [k for k, v in vars(args).items() if v == "" and k not in ("channels", "metrics")]
+    if empty:
+        parser.error(f"--{empty[0].replace('_', '-')}: expected a value, got an empty string")
     try:
         args.func(args)
     except Exception as e:  # bad input: one line naming the file and field, exit 2; a bug keeps its traceback

@@ -20,7 +20,9 @@ Parallelism, three ways (each process stages its own episodes; one close at the 
 - ``accelerate launch ... comsim convert ...``: episodes split over accelerate's processes
   (``PartialState.split_between_processes``), each on its own device; the main one closes;
 - ``num_shards=K, shard_index=j``: independent jobs (e.g. a cluster array) take episodes
-  ``k % K == j`` and do not close; a final run without shard arguments closes the dataset.
+  ``k % K == j``, side by side in one folder; the last to finish closes the dataset (or a final
+  run without shard arguments does). The same shard twice, or an unsharded run beside a shard, is
+  refused (``comsim/io/lock.py``), as is any second writer of an output.
 
 Refused before converting anything: an input whose action dimension, camera, control
 videos or frame rate differ from the translator's, or an input that already has real frames.

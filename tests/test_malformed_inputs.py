@@ -950,6 +950,43 @@ def replay_states_of_seven_values(t, s):
         "observation.state"
 
 
+@case("dataset")
+def convert_parquet_narrower_than_info(t, s):
+    d = copy(s / "sim", t / "d")
+    _narrow_actions(d)
+    return "comsim", _convert(t, s, s / "micro", d), "'action'"
+
+
+@case("dataset")
+def convert_parquet_without_states(t, s):
+    d = copy(s / "sim", t / "d")
+    f = next((d / "data").rglob("*.parquet"))
+    pq.write_table(pq.read_table(f).drop(["observation.state"]), f)
+    return "comsim", _convert(t, s, s / "micro", d), "'observation.state'"
+
+
+@case("dataset")
+def replay_parquet_narrower_than_info(t, s):
+    d = copy(s / "real", t / "d")
+    _narrow_actions(d)
+    return "comsim", ["twin", "replay", "--real", str(d), "--twin", str(SCENE), "--out", str(t / "out")], "'action'"
+
+
+def _narrow_actions(ds: Path) -> None:
+    """7 actions per frame in the data file, while info.json still says 8."""
+    for f in sorted((ds / "data").rglob("*.parquet")):
+        t = pq.read_table(f)
+        x = np.stack(t["action"].to_pylist()).astype(np.float32)[:, :7]
+        pq.write_table(t.set_column(t.column_names.index("action"), "action",
+                                    pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 7)), f)
+
+
+@case("flag")
+def convert_output_empty_string(t, s):  # an unset shell variable: not the working directory
+    return "comsim", ["convert", "--model", str(s / "micro"), "--input", str(s / "sim"), "--output", "",
+                      "--steps", "1"], "--output"
+
+
 # ----------------------------------------------------------------------------- the check
 
 
@@ -979,7 +1016,10 @@ def test_malformed_input_is_refused_cleanly(name, shared, tmp_path, capsys, monk
     before = snapshot(tmp_path, shared)
     capsys.readouterr()
     main = cli.main if prog == "comsim" else _script_main(prog)
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse refuses flags itself (exit 2, usage and one error line)
+        rc = e.code
     err = capsys.readouterr().err
     assert rc == 2, f"exit code {rc}; stderr: {err[-2000:]}"
     lines = [ln for ln in err.splitlines() if ": error: " in ln]

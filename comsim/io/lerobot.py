@@ -607,9 +607,11 @@ class LeRobotDataset:
             if not path.is_file():
                 raise DatasetError(f"{path}: data file not found (episodes {[e['episode_index'] for e in eps]})")
             try:
-                rows_in_file = pq.read_metadata(path).num_rows
+                meta = pq.read_metadata(path)
             except (pa.ArrowException, OSError) as e:
                 raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+            rows_in_file = meta.num_rows
+            self._check_columns(path, meta.schema.to_arrow_schema())
             expected = sum(e["length"] for e in eps)
             if rows_in_file != expected:
                 raise DatasetError(f"{path}: {rows_in_file} rows, but the episodes index puts "
@@ -654,8 +656,30 @@ class LeRobotDataset:
             for path in [r["data_path"], *(p for p, _ in r["videos"].values())]:
                 if not path.is_file():
                     raise DatasetError(f"{path}: file not found (episode {e})")
+            try:
+                self._check_columns(r["data_path"], pq.read_schema(r["data_path"]))
+            except (pa.ArrowException, OSError) as err:
+                raise DatasetError(f"{r['data_path']}: not a readable parquet file ({str(err).splitlines()[0]})") from None
         self._video_frames_needed = {p: r["length"] for r in rows for p, _ in r["videos"].values()}
         return rows
+
+    def _check_columns(self, path: Path, schema: pa.Schema) -> None:
+        """The data file holds each numeric feature of info.json with its number of values per frame, so a
+        command that reads it all finds a mismatch when it opens the dataset, not half way through."""
+        for key, f in self.features.items():
+            if f["dtype"] in ("video", "image", "string") or key in DEFAULT_FEATURES:
+                continue
+            if key not in schema.names:
+                raise DatasetError(f"{path}: no column {key!r}, which meta/info.json lists as a feature")
+            t, n = schema.field(key).type, 1
+            while pa.types.is_fixed_size_list(t):
+                n, t = n * t.list_size, t.value_type
+            if pa.types.is_list(t) or pa.types.is_large_list(t):  # variable lists (foreign files): sizes unknown here
+                continue
+            want = int(np.prod(f.get("shape") or [1]))
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) or n != want:
+                raise DatasetError(f"{path}: column {key!r} holds {n} {t} value(s) per frame; meta/info.json says "
+                                   f"dtype {f['dtype']} shape {f.get('shape')}")
 
     def _path(self, template: str, **fields) -> Path:
         """A file named by info.json's ``data_path`` / ``video_path`` template, kept inside the dataset."""
