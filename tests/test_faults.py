@@ -211,7 +211,7 @@ def _namespaces() -> bool:
 
 @pytest.mark.skipif(not shutil.which("unshare") or not _namespaces(),
                     reason="needs user + mount namespaces (unshare -rm) to mount a small tmpfs")
-@pytest.mark.parametrize("fill", [0.65, 1.3], ids=["while_staging", "while_closing"])
+@pytest.mark.parametrize("fill", [0.65, pytest.param(1.3, marks=pytest.mark.slow)], ids=["while_staging", "while_closing"])
 def test_a_full_disk_leaves_no_finished_dataset_and_a_rerun_resumes(fill, lab_reference, tmp_path):
     """The lab recording on a real tmpfs that fills up: at 0.65x the finished dataset's size, while the
     second episode is staged; at 1.3x, while the staged episodes are joined (both fit, the joined copy does
