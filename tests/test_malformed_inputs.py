@@ -643,7 +643,7 @@ def i3d_url_without_opt_in(t, s):
                       "--metrics", "fvd", "--i3d", "http://127.0.0.1:9/i3d.pt"], "--i3d"
 
 
-# -- checks before the first write: inputs that used to fail after the run's files were made
+# -- checks before the first write: inputs that a command would otherwise find only after making its files
 @case("scene")
 def odd_camera_size(t, s):
     sc = scene_with(t, width=127, height=127, K=[110.0, 110.0, 63.5, 63.5])

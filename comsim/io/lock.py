@@ -96,9 +96,13 @@ class _Lock:
         self.path, self.how, self.fd = path, how, None
 
     def acquire(self) -> tuple[bool, dict]:
-        """(True, previous holder {} or a stale one) when taken; (False, holder) when held."""
+        """(True, {} or the stale holder it replaces) when taken; (False, holder) when held."""
         for _ in range(20):  # retried only when the file was replaced under us
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except PermissionError as e:  # another user's folder or lock: not this run's to write
+                raise OutputLockedError(f"{self.path}: cannot open the output lock ({e.strerror}); the folder "
+                                        "belongs to another user's run, or is read-only: choose another folder") from None
             got = _flock(fd, self.how)
             if got is None:  # no flock here: the pid and host decide
                 h = _holder(fd)
