@@ -177,7 +177,10 @@ def output_lock(out: str | Path, command: str, shard: int | None = None, log=_st
     """
     out = Path(out)
     made = [p for p in (out, *out.parents) if not p.exists()]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except PermissionError as e:
+        raise ComSimError(f"{out}: cannot make the output folder ({e.strerror}); choose a folder you may write") from None
     info = {"command": command, "pid": os.getpid(), "host": socket.gethostname(),
             "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds")}
     held: list[_Lock] = []
