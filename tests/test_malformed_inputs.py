@@ -727,7 +727,7 @@ def eval_no_episodes(t, s):
 
 @case("flag")
 def lab_pairs_negative_count(t, s):
-    return "comsim", ["twin", "lab-pairs", "--out", str(t / "out"), "--push", "-1"], "--push"
+    return "comsim", ["lab", "pairs", "--out", str(t / "out"), "--push", "-1"], "--push"
 
 
 @case("output")
