@@ -38,7 +38,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     from comsim.config import PANDA_PUSH_CELL
     from comsim.lab import load_lab_cell, record_dataset
     from comsim.lab.pairs import true_calibration
-    from comsim.twin.replay import replay_dataset
+    from comsim.lab.twin_truth import replay_and_score
 
     default, cool = load_lab_cell(), load_lab_cell(COOL)
     T_default, T_cool = (np.asarray(c.scene.camera(c.camera).T_cam_from_base) for c in (default, cool))
@@ -52,7 +52,7 @@ def test_the_second_cell_records_and_replays_in_the_twin(tmp_path, monkeypatch):
     np.testing.assert_allclose(truth["camera"]["T_cam_from_base"], T_cool, atol=1e-6)
     ep = LeRobotDataset(lab)[0]
     assert ep.frames["front"].shape[1:] == (128, 128, 3) and len(ep) > 20
-    out = replay_dataset(lab, PANDA_PUSH_CELL, tmp_path / "paired", mode="kinematic",
+    out = replay_and_score(lab, PANDA_PUSH_CELL, tmp_path / "paired", mode="kinematic",
                          calibration=true_calibration(tmp_path / "lab"), refine=False, log=lambda *a: None)
     paired = LeRobotDataset(out)[0]
     assert set(paired.frames) == {"front", "front_sim", "front_sim_seg", "front_sim_normal"}
