@@ -1,0 +1,132 @@
+"""The twin checks itself: residuals it computes without any truth, and the objects and
+frames it cannot trust.
+
+After calibration and localization, on the recording alone:
+
+- camera: the calibration's IoU per frame (the twin's robot silhouette at the fitted pose
+  against the robot mask of that frame, ``calibrate.py``). A frame under ``FRAME_IOU_MIN``
+  is named; the camera is unreliable when the frames it trusts agree less than that on
+  average.
+- each object, each episode: its silhouette rendered at the estimated pose against the
+  region of the first frames (``replay.first_image``) that shows an object there: the
+  pixels whose colour moved towards the object's colour, or (with a robot-free still)
+  that changed from the still not as a shadow does (``localize.object_evidence``). The
+  residual is their IoU over the pixels the arm leaves visible; under
+  ``OBJECT_IOU_MIN`` the object is unreliable (a silhouette on bare table: IoU near 0; a
+  silhouette half off its cube: about 0.3). Also unreliable: an object the arm hides in
+  the first frames, and one whose silhouette shows another object's colour more than its
+  own.
+
+``check_alignment`` gathers these into the ``self_check`` section of twin_alignment.json
+(copied into alignment_report.json); ``unreliable_message`` says what is wrong by name.
+"""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from comsim.sim.spec import ObjectSpec
+from comsim.twin.localize import EvidenceMaps, coverage, silhouette_window
+
+FRAME_IOU_MIN = 0.8  # calibration: frames under this are named; the trusted frames' mean must reach it
+OBJECT_IOU_MIN = 0.5  # object: silhouette vs observed region
+VISIBLE_MIN = 0.5  # object: share of its silhouette that the arm leaves visible in the first frames
+COLOUR_MARGIN = 0.25  # object: another object's colour evidence beats its own by this much inside its silhouette
+
+
+def object_residual(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> dict:
+    """Residual of one object at ``pose`` (x, y, yaw) against the evidence ``maps`` of the first frames
+    (every object's colour; the arm's pixels excluded; nothing claimed).
+
+    Returns silhouette_iou (the silhouette against the observed region: the object's evidence over
+    0.5, the connected parts of it that touch the silhouette), visible (share of the silhouette the
+    arm leaves visible), own_colour / other_colour (mean colour evidence inside the silhouette: this
+    object's, and the best other object's, named other_object).
+    """
+    H, W = maps.img.shape[:2]
+    win = silhouette_window(obj, pose, K, T, W, H)
+    if win is None:
+        return {"silhouette_iou": 0.0, "visible": 0.0, "own_colour": 0.0, "other_colour": 0.0,
+                "other_object": None, "outside_image": True}
+    x0, y0, x1, y1 = win
+    top, side = coverage(obj, pose, K, T, win)
+    sil = (top + side) > 0.5
+    seen = maps.free[y0:y1, x0:x1]
+    found = maps.evidence(obj.name)[y0:y1, x0:x1] > 0.5
+    n, lab = cv2.connectedComponents(found.astype(np.uint8), connectivity=8)
+    near = np.unique(lab[cv2.dilate(sil.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0])
+    region = np.isin(lab, near[near > 0])
+    inter, union = (sil & region & seen).sum(), ((sil | region) & seen).sum()
+    inside = sil & seen
+    colour = {n: float(m[y0:y1, x0:x1][inside].mean()) if inside.any() else 0.0 for n, m in maps.like.items()}
+    others = {n: v for n, v in colour.items() if n != obj.name}
+    other = max(others, key=others.get) if others else None
+    return {"silhouette_iou": float(inter / union) if union else 0.0,
+            "visible": float(inside.sum() / max(sil.sum(), 1)),
+            "own_colour": colour[obj.name], "other_colour": others.get(other, 0.0), "other_object": other}
+
+
+def object_verdict(res: dict) -> str | None:
+    """Why an object's residual makes it unreliable, or None when it passes."""
+    if res.get("outside_image"):
+        return "its silhouette at the estimated pose is outside the image"
+    if res["visible"] < VISIBLE_MIN:
+        return f"the arm hides {100 * (1 - res['visible']):.0f}% of it in the first frames"
+    if res["silhouette_iou"] < OBJECT_IOU_MIN:
+        return (f"silhouette IoU {res['silhouette_iou']:.2f} with the region that shows an object there "
+                f"(threshold {OBJECT_IOU_MIN})")
+    if res["other_object"] is not None and res["other_colour"] > res["own_colour"] + COLOUR_MARGIN:
+        return (f"its silhouette shows {res['other_object']}'s colour ({res['other_colour']:.2f}) more than its own "
+                f"({res['own_colour']:.2f}; margin {COLOUR_MARGIN})")
+    return None
+
+
+def camera_check(calibration: dict) -> dict:
+    """The calibration's per-frame IoU against ``FRAME_IOU_MIN``: the frames under it by name,
+    and whether the frames the fit trusted reach it on average (None when the calibration
+    was given without per-frame IoUs)."""
+    per_frame = calibration.get("per_frame_iou") or {}
+    if not per_frame:
+        return {"per_frame_iou": {}, "frames_under_threshold": [], "threshold": FRAME_IOU_MIN, "reliable": None}
+    outliers = set(calibration.get("outlier_frames") or [])
+    trusted = [v for k, v in per_frame.items() if k not in outliers] or list(per_frame.values())
+    mean = float(np.mean(trusted))
+    return {"per_frame_iou": {k: round(float(v), 4) for k, v in per_frame.items()},
+            "frames_under_threshold": [k for k, v in per_frame.items() if v < FRAME_IOU_MIN],
+            "trusted_mean_iou": round(mean, 4), "threshold": FRAME_IOU_MIN, "reliable": bool(mean >= FRAME_IOU_MIN)}
+
+
+def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]]) -> dict:
+    """The self-check section: ``objects`` {episode: {name: object_residual(...)}} with each
+    object's verdict, the camera's, and the unreliable ones listed by name."""
+    cam = camera_check(calibration)
+    episodes, unreliable = {}, []
+    for e, per_obj in sorted(objects.items()):
+        rows = {}
+        for name, res in per_obj.items():
+            why = object_verdict(res)
+            rows[name] = {**{k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()},
+                          "reliable": why is None, **({"why": why} if why else {})}
+            if why:
+                unreliable.append({"episode": int(e), "object": name, "why": why,
+                                   "silhouette_iou": rows[name]["silhouette_iou"]})
+        episodes[str(e)] = rows
+    out = {"thresholds": {"object_silhouette_iou": OBJECT_IOU_MIN, "object_visible": VISIBLE_MIN,
+                          "object_colour_margin": COLOUR_MARGIN, "camera_frame_iou": FRAME_IOU_MIN},
+           "camera": cam, "objects": episodes, "unreliable_objects": unreliable,
+           "reliable": bool(not unreliable and cam["reliable"] is not False)}
+    return out
+
+
+def unreliable_message(check: dict, where: str) -> str | None:
+    """One message naming what the twin cannot trust (None when everything passes)."""
+    parts = []
+    cam = check["camera"]
+    if cam["reliable"] is False:
+        parts.append(f"the camera: its trusted calibration frames reach a mean IoU of {cam['trusted_mean_iou']:.3f} "
+                     f"(threshold {cam['threshold']})")
+    for u in check["unreliable_objects"]:
+        parts.append(f"{u['object']} in episode {u['episode']}: {u['why']}")
+    if not parts:
+        return None
+    return f"{where}: the twin cannot trust " + "; ".join(parts)
