@@ -51,9 +51,11 @@ from comsim.io.labels import seg_to_rgb
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
-from comsim.twin.localize import localize_objects
+from comsim.twin.localize import EvidenceMaps, localize_objects, object_px
 from comsim.io.files import atomic_output, write_json
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
+from comsim.twin.selfcheck import (ON_UNRELIABLE, UnreliableTwinError, check_alignment, episode_verdict,
+                                   log_self_check, object_residual, unreliable_message)
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -100,6 +102,26 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
     return out
 
 
+def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background) -> dict:
+    """Episode ``e``'s objects from its first frames in the aligned twin ``spec`` (its camera):
+    {"image", "state" (first row), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
+    of each found object; the twin's own check, no truth)}."""
+    c = spec.camera(cam)
+    K, T = np.asarray(c.K), np.asarray(c.T_cam_from_base)
+    ep = ds.read_window(e, 0, min(FIRST_FRAMES, ds.episode_length(e)), cameras=[cam])
+    img = first_image(ep, cam, maps)
+    excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]))
+    colors = {o.name: list(o.rgba) for o in spec.objects}
+    found = localize_objects(img, spec.objects, K, T, robot_mask=excl, colors=colors, background=background,
+                             table=spec.table)
+    ev = EvidenceMaps(img, colors, max((object_px(o, K, T) for o in spec.objects), default=8.0), background, excl)
+    residual = {o.name: (object_residual(ev, o, (found[o.name]["pos"][0], found[o.name]["pos"][1],
+                                                 found[o.name]["yaw"]), K, T)
+                         if found[o.name]["found"] else {"not_found": True})
+                for o in spec.objects}
+    return {"image": img, "state": ep.state[0], "found": found, "residual": residual}
+
+
 # ----------------------------------------------------------------- alignment
 
 
@@ -135,20 +157,21 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
                                        f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
     aligned = aligned_spec(spec, cam, T, K, W, H)
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
-    ep = ds.read_window(0, 0, min(FIRST_FRAMES, ds.episode_length(0)), cameras=[cam])
-    img = first_image(ep, cam, maps)
-    excl = robot_exclusion(aligned, cam, ep.state[0, :7], float(ep.state[0, 7]))
-    found = localize_objects(img, aligned.objects, K, T, robot_mask=excl, background=stills_background(real, W, H))
-    colors = estimate_colors(aligned, cam, img, ep.state[0, :7].astype(np.float64), float(ep.state[0, 7]),
-                             object_poses(found, aligned), valid=None if maps is None else _valid_after_undistort(maps))
+    # episode 0's objects give the colours; every episode's are localized and checked by self_check_alignment
+    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H))
+    colors = estimate_colors(aligned, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
+                             object_poses(f0["found"], aligned),
+                             valid=None if maps is None else _valid_after_undistort(maps))
     final = aligned_spec(spec, cam, T, K, W, H, colors)
     log(f"[replay] aligned: camera from {calib['source']}, colour residuals "
         f"{ {k: round(v, 1) for k, v in colors['residual'].items()} }")
-    return {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
-            "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
-            "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
-            "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
-            "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+    al = {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
+          "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
+          "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
+          "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
+          "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+    al.update(self_check_alignment(ds, spec, al))
+    return al
 
 
 def _valid_after_undistort(maps) -> np.ndarray:
@@ -183,15 +206,11 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     _check_episode(ds, e, ep, cam)
     K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
     W, H = al["width"], al["height"]
-    T_cam = np.asarray(al["T_cam_from_base"])
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
-    img = first_image(ep, cam, maps)
-    # Objects are recognised by their nominal colours (the matched ones describe the twin's
-    # lighting, not what the camera sees).
     bg = stills_background(ds.root, W, H)
-    found = localize_objects(img, spec.objects, K, T_cam, colors=al["nominal_object_rgba"],
-                             robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])),
-                             background=bg)
+    # Objects were localized in every episode's first frames by the alignment (by their nominal colours:
+    # the matched ones describe the twin's lighting, not what the camera sees).
+    found = al["objects"][str(e)]
     refined = None
     poses = object_poses(found, spec)
     if mode == "physics" and refine and any(r["found"] for r in found.values()):
@@ -241,6 +260,9 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                              "localized_objects": found, "real_provenance": ep.provenance.to_dict()})
     if refined is not None:  # initial poses from the whole video (analysis by synthesis over time)
         prov.extra["refined_objects"] = refined
+    unreliable = episode_verdict(al["self_check"], e)
+    if unreliable:  # written only with on_unreliable="mark": what the twin's self-check distrusts here
+        prov.extra["twin_unreliable"] = unreliable
     extra = {"twin_state": np.asarray(tstate, np.float32)}
     if scene.object_names:
         extra["twin_object_pos"] = np.asarray(opos, np.float32)
@@ -251,7 +273,7 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
                    channels=("seg", "normal"), episodes=None, report: bool = True, close: bool = True,
-                   refine: bool = True, workers: int = 1, log=print) -> Path:
+                   refine: bool = True, workers: int = 1, on_unreliable: str = "refuse", log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
     ``episodes``: a subset to do now; with ``close=False`` they are only staged, so that
@@ -261,9 +283,16 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
     ``refine``: in physics mode, choose each moving object's initial pose by replaying
     candidates against the whole video (``track.py``), not from the first frame alone.
+    ``on_unreliable``: what to do when the twin's self-check (``selfcheck.py``: the calibration's
+    per-frame IoU, each object's silhouette against the first frames) distrusts the camera or an
+    object: "refuse" raises ``UnreliableTwinError`` naming them before any episode is written
+    (the alignment and ``alignment_report.json`` with the self-check are kept in OUT); "mark" replays
+    and writes the episodes concerned with ``twin_unreliable`` in their provenance.
     """
     if mode not in MODES:
         raise InputError(None, "mode", f"one of {MODES}", mode)
+    if on_unreliable not in ON_UNRELIABLE:
+        raise InputError(None, "on_unreliable", f"one of {ON_UNRELIABLE}", on_unreliable)
     if workers < 1:
         raise InputError(None, "workers", "at least 1", workers)
     real, out = Path(real), Path(out)
@@ -292,6 +321,18 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
         write_json(al, al_path)
         with atomic_output(out / "twin_aligned.yaml") as tmp:  # the aligned cell, for `comsim generate --scene`
             tmp.write_text(yaml.safe_dump(al["spec"], sort_keys=False))
+    if "self_check" not in al:  # an alignment written without the self-check: add it before replaying
+        al.update(self_check_alignment(ds, spec, al))
+        write_json(al, al_path)
+    check = al["self_check"]
+    log_self_check(check, log)
+    refusal = unreliable_message(check, str(al_path))
+    if refusal and on_unreliable == "refuse":
+        write_json({"paired": str(out), "real": str(real), "camera": al["camera"], "calibration": al["calibration"],
+                    "self_check": check, "refused": refusal}, out / "alignment_report.json")
+        raise UnreliableTwinError(f"{refusal}. Nothing was replayed; the self-check is in "
+                                  f"{out / 'alignment_report.json'} (--on-unreliable mark writes the episodes "
+                                  "marked unreliable)")
     aligned = scene_spec_from_dict(al["spec"], where=str(al_path))
     writer = DatasetWriter(out, ds.fps, resume=True)
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
@@ -331,7 +372,20 @@ def _replay_and_stage(job: tuple) -> int:
     return e
 
 
+def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict) -> dict:
+    """The ``objects`` and ``self_check`` entries of an alignment ``al`` of ``ds`` to the nominal twin ``spec``."""
+    cam, W, H = al["camera"], al["width"], al["height"]
+    K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
+    aligned = aligned_spec(spec, cam, np.asarray(al["T_cam_from_base"]), K, W, H)
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    bg = stills_background(ds.root, W, H)
+    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg) for e in range(len(ds))}
+    return {"objects": {str(e): f["found"] for e, f in firsts.items()},
+            "self_check": check_alignment(al["calibration"], {e: f["residual"] for e, f in firsts.items()})}
+
+
 def _report(out: Path, real: Path, wanted: bool, log) -> None:
-    if wanted and not (out / "alignment_report.json").is_file():
+    path = out / "alignment_report.json"
+    if wanted and (not path.is_file() or "episodes" not in json.loads(path.read_text())):
         from comsim.twin.alignment_report import alignment_report
         alignment_report(out, real, log=log)

@@ -25,13 +25,19 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from comsim.errors import ComSimError
 from comsim.sim.spec import ObjectSpec
 from comsim.twin.localize import EvidenceMaps, coverage, silhouette_window
 
+ON_UNRELIABLE = ("refuse", "mark")  # what a replay does with a twin that fails its self-check
 FRAME_IOU_MIN = 0.8  # calibration: frames under this are named; the trusted frames' mean must reach it
 OBJECT_IOU_MIN = 0.5  # object: silhouette vs observed region
 VISIBLE_MIN = 0.5  # object: share of its silhouette that the arm leaves visible in the first frames
 COLOUR_MARGIN = 0.25  # object: another object's colour evidence beats its own by this much inside its silhouette
+
+
+class UnreliableTwinError(ComSimError, ValueError):
+    """The twin failed its self-check and the replay was asked to refuse (``on_unreliable="refuse"``)."""
 
 
 def object_residual(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> dict:
@@ -68,6 +74,8 @@ def object_residual(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> dict:
 
 def object_verdict(res: dict) -> str | None:
     """Why an object's residual makes it unreliable, or None when it passes."""
+    if res.get("not_found"):
+        return "not found in the first frames (no blob of its colour, or of change from the robot-free still, fits it)"
     if res.get("outside_image"):
         return "its silhouette at the estimated pose is outside the image"
     if res["visible"] < VISIBLE_MIN:
@@ -91,9 +99,10 @@ def camera_check(calibration: dict) -> dict:
     outliers = set(calibration.get("outlier_frames") or [])
     trusted = [v for k, v in per_frame.items() if k not in outliers] or list(per_frame.values())
     mean = float(np.mean(trusted))
-    return {"per_frame_iou": {k: round(float(v), 4) for k, v in per_frame.items()},
-            "frames_under_threshold": [k for k, v in per_frame.items() if v < FRAME_IOU_MIN],
-            "trusted_mean_iou": round(mean, 4), "threshold": FRAME_IOU_MIN, "reliable": bool(mean >= FRAME_IOU_MIN)}
+    under = [k for k, v in per_frame.items() if v < FRAME_IOU_MIN]
+    return {"per_frame_iou": {k: round(float(v), 4) for k, v in per_frame.items()}, "frames_under_threshold": under,
+            "trusted_mean_iou": round(mean, 4), "threshold": FRAME_IOU_MIN,
+            "reliable": bool(mean >= FRAME_IOU_MIN and len(under) <= len(per_frame) / 2)}
 
 
 def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]]) -> dict:
@@ -118,15 +127,50 @@ def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]]) -> d
     return out
 
 
+MAX_NAMED = 6  # object placements a refusal names one by one
+
+
 def unreliable_message(check: dict, where: str) -> str | None:
     """One message naming what the twin cannot trust (None when everything passes)."""
     parts = []
     cam = check["camera"]
     if cam["reliable"] is False:
-        parts.append(f"the camera: its trusted calibration frames reach a mean IoU of {cam['trusted_mean_iou']:.3f} "
-                     f"(threshold {cam['threshold']})")
-    for u in check["unreliable_objects"]:
+        parts.append(f"the camera: calibration IoU under {cam['threshold']} in {len(cam['frames_under_threshold'])} of "
+                     f"{len(cam['per_frame_iou'])} frames, trusted frames' mean {cam['trusted_mean_iou']:.3f}")
+    objs = check["unreliable_objects"]
+    for u in objs[:MAX_NAMED]:
         parts.append(f"{u['object']} in episode {u['episode']}: {u['why']}")
+    if len(objs) > MAX_NAMED:
+        parts.append(f"{len(objs) - MAX_NAMED} more object placements (listed in the self-check)")
     if not parts:
         return None
     return f"{where}: the twin cannot trust " + "; ".join(parts)
+
+
+def log_self_check(check: dict, log=print) -> None:
+    """Print the self-check: every frame and object past its threshold by name, or that all passed."""
+    cam = check["camera"]
+    if cam["frames_under_threshold"]:
+        log(f"[self-check] calibration frames under IoU {cam['threshold']}: "
+            + ", ".join(f"{n} {cam['per_frame_iou'][n]:.3f}" for n in cam["frames_under_threshold"]))
+    if cam["reliable"] is False:
+        log(f"[self-check] UNRELIABLE camera: trusted frames' mean IoU {cam['trusted_mean_iou']:.3f} "
+            f"< {cam['threshold']}")
+    for u in check["unreliable_objects"]:
+        log(f"[self-check] UNRELIABLE {u['object']} in episode {u['episode']}: {u['why']}")
+    if check["reliable"]:
+        ious = [r["silhouette_iou"] for per in check["objects"].values() for r in per.values()]
+        log(f"[self-check] passed: {len(ious)} object placements, silhouette IoU >= "
+            f"{min(ious, default=float('nan')):.2f} (threshold {OBJECT_IOU_MIN})"
+            + ("" if cam["reliable"] is None else f"; camera: trusted frames' mean IoU {cam['trusted_mean_iou']:.3f}"))
+
+
+def episode_verdict(check: dict, episode: int) -> dict | None:
+    """What the self-check distrusts in one episode ({"objects": {name: why}, "camera": why}), or None."""
+    out = {}
+    objs = {u["object"]: u["why"] for u in check["unreliable_objects"] if u["episode"] == episode}
+    if objs:
+        out["objects"] = objs
+    if check["camera"]["reliable"] is False:
+        out["camera"] = f"trusted calibration frames' mean IoU {check['camera']['trusted_mean_iou']:.3f}"
+    return out or None
