@@ -51,11 +51,12 @@ from comsim.io.labels import seg_to_rgb
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
-from comsim.twin.localize import EvidenceMaps, localize_objects, object_px
+from comsim.twin.localize import EvidenceMaps, background_shift, localize_objects, object_px
 from comsim.io.files import atomic_output, write_json
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
-from comsim.twin.selfcheck import (ON_UNRELIABLE, UnreliableTwinError, check_alignment, episode_verdict,
-                                   log_self_check, object_residual, unreliable_message)
+from comsim.twin.selfcheck import (CAMERA_SHIFT_MIN_PX, ON_UNRELIABLE, SHIFT_MIN_RESPONSE, UnreliableTwinError,
+                                   check_alignment, episode_verdict, log_self_check, object_residual,
+                                   unreliable_message)
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -104,13 +105,21 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
 
 def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background) -> dict:
     """Episode ``e``'s objects from its first frames in the aligned twin ``spec`` (its camera):
-    {"image", "state" (first row), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
+    {"image", "state" (first row), "camera_shift" ([dx, dy] px of the static scene from the robot-free
+    still, ``localize.background_shift``; objects are localized with the principal point moved by it when it
+    is over ``CAMERA_SHIFT_MIN_PX``), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
     of each found object; the twin's own check, no truth)}."""
     c = spec.camera(cam)
-    K, T = np.asarray(c.K), np.asarray(c.T_cam_from_base)
+    K, T = np.asarray(c.K, np.float64), np.asarray(c.T_cam_from_base)
     ep = ds.read_window(e, 0, min(FIRST_FRAMES, ds.episode_length(e)), cameras=[cam])
     img = first_image(ep, cam, maps)
     excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]))
+    shift = None
+    if background is not None:
+        dx, dy, response = background_shift(img, background, excl)
+        shift = [round(dx, 3), round(dy, 3), round(response, 3)]
+        if response >= SHIFT_MIN_RESPONSE and np.hypot(dx, dy) >= CAMERA_SHIFT_MIN_PX:  # the camera moved since
+            K = K + [0.0, 0.0, dx, dy]
     colors = {o.name: list(o.rgba) for o in spec.objects}
     found = localize_objects(img, spec.objects, K, T, robot_mask=excl, colors=colors, background=background,
                              table=spec.table)
@@ -119,7 +128,8 @@ def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, 
                                                  found[o.name]["yaw"]), K, T)
                          if found[o.name]["found"] else {"not_found": True})
                 for o in spec.objects}
-    return {"image": img, "state": ep.state[0], "found": found, "residual": residual}
+    return {"image": img, "state": ep.state[0], "found": found, "residual": residual, "camera_shift": shift,
+            "K": [float(v) for v in K]}
 
 
 # ----------------------------------------------------------------- alignment
@@ -185,7 +195,7 @@ def _valid_after_undistort(maps) -> np.ndarray:
 
 
 def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, background, maps, fps: float,
-                   log=None) -> dict:
+                   K=None, log=None) -> dict:
     """Initial object poses whose physics replay best reproduces the objects in the whole
     real video (``track.py``): {"objects": {name: {...}}, "simulations"}. (No wall time: it
     goes into the episode's provenance, and the same inputs must give byte-identical datasets.)"""
@@ -194,7 +204,7 @@ def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, backgrou
     frames = ep.frames[cam]
     if maps is not None:
         frames = np.stack([undistort(f, maps) for f in frames])
-    ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"]), np.asarray(al["T_cam_from_base"]),
+    ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"] if K is None else K), np.asarray(al["T_cam_from_base"]),
                   colors=al["nominal_object_rgba"], background=background)
     return refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
 
@@ -214,7 +224,7 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     refined = None
     poses = object_poses(found, spec)
     if mode == "physics" and refine and any(r["found"] for r in found.values()):
-        refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), log=log)
+        refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), K=al["episode_K"][str(e)], log=log)
         poses = {n: (np.asarray(r["pos"]), yaw_quat(r["yaw"])) for n, r in refined["objects"].items()}
     render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
     # the aligned spec carries the robot's tint (robot.tint); alignments written without it keep it in colors
@@ -381,7 +391,9 @@ def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict) -> dict:
     bg = stills_background(ds.root, W, H)
     firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg) for e in range(len(ds))}
     return {"objects": {str(e): f["found"] for e, f in firsts.items()},
-            "self_check": check_alignment(al["calibration"], {e: f["residual"] for e, f in firsts.items()})}
+            "episode_K": {str(e): f["K"] for e, f in firsts.items()},
+            "self_check": check_alignment(al["calibration"], {e: f["residual"] for e, f in firsts.items()},
+                                          {e: f["camera_shift"] for e, f in firsts.items()})}
 
 
 def _report(out: Path, real: Path, wanted: bool, log) -> None:

@@ -31,7 +31,10 @@ from comsim.twin.localize import EvidenceMaps, coverage, silhouette_window
 
 ON_UNRELIABLE = ("refuse", "mark")  # what a replay does with a twin that fails its self-check
 FRAME_IOU_MIN = 0.8  # calibration: frames under this are named; the trusted frames' mean must reach it
-OBJECT_IOU_MIN = 0.5  # object: silhouette vs observed region
+CAMERA_SHIFT_MIN_PX = 0.3  # an episode whose static scene moved more from the robot-free still: localized with the shift
+CAMERA_SHIFT_MAX_PX = 2.0  # ... and past this the camera moved too far since its calibration to trust
+SHIFT_MIN_RESPONSE = 0.2  # phase-correlation peak under which the shift is not measured (the scene changed)
+OBJECT_IOU_MIN = 0.4  # object: silhouette vs observed region
 VISIBLE_MIN = 0.5  # object: share of its silhouette that the arm leaves visible in the first frames
 COLOUR_MARGIN = 0.25  # object: another object's colour evidence beats its own by this much inside its silhouette
 
@@ -105,10 +108,26 @@ def camera_check(calibration: dict) -> dict:
             "reliable": bool(mean >= FRAME_IOU_MIN and len(under) <= len(per_frame) / 2)}
 
 
-def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]]) -> dict:
+def camera_shift_verdict(shift) -> str | None:
+    """Why an episode's camera shift from the calibration stills ([dx, dy, response]) makes it unreliable."""
+    if shift is None or shift[2] < SHIFT_MIN_RESPONSE:
+        return None
+    d = float(np.hypot(shift[0], shift[1]))
+    if d <= CAMERA_SHIFT_MAX_PX:
+        return None
+    return (f"the camera moved by {d:.1f} px since the calibration stills (threshold {CAMERA_SHIFT_MAX_PX} px): "
+            "calibrate again")
+
+
+def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]], shifts: dict | None = None) -> dict:
     """The self-check section: ``objects`` {episode: {name: object_residual(...)}} with each
-    object's verdict, the camera's, and the unreliable ones listed by name."""
+    object's verdict, the camera's (``calibration``'s per-frame IoU; ``shifts`` {episode: [dx, dy,
+    response]}, how far each episode's static scene moved from the robot-free still), and the
+    unreliable ones listed by name."""
     cam = camera_check(calibration)
+    shifts = shifts or {}
+    cam["episode_shift_px"] = {str(e): v for e, v in sorted(shifts.items()) if v is not None}
+    cam["episodes_moved"] = {str(e): why for e, v in sorted(shifts.items()) if (why := camera_shift_verdict(v))}
     episodes, unreliable = {}, []
     for e, per_obj in sorted(objects.items()):
         rows = {}
@@ -121,9 +140,10 @@ def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]]) -> d
                                    "silhouette_iou": rows[name]["silhouette_iou"]})
         episodes[str(e)] = rows
     out = {"thresholds": {"object_silhouette_iou": OBJECT_IOU_MIN, "object_visible": VISIBLE_MIN,
-                          "object_colour_margin": COLOUR_MARGIN, "camera_frame_iou": FRAME_IOU_MIN},
+                          "object_colour_margin": COLOUR_MARGIN, "camera_frame_iou": FRAME_IOU_MIN,
+                          "camera_shift_compensated_px": CAMERA_SHIFT_MIN_PX, "camera_shift_px": CAMERA_SHIFT_MAX_PX},
            "camera": cam, "objects": episodes, "unreliable_objects": unreliable,
-           "reliable": bool(not unreliable and cam["reliable"] is not False)}
+           "reliable": bool(not unreliable and cam["reliable"] is not False and not cam["episodes_moved"])}
     return out
 
 
@@ -137,6 +157,8 @@ def unreliable_message(check: dict, where: str) -> str | None:
     if cam["reliable"] is False:
         parts.append(f"the camera: calibration IoU under {cam['threshold']} in {len(cam['frames_under_threshold'])} of "
                      f"{len(cam['per_frame_iou'])} frames, trusted frames' mean {cam['trusted_mean_iou']:.3f}")
+    for e, why in cam.get("episodes_moved", {}).items():
+        parts.append(f"the camera in episode {e}: {why}")
     objs = check["unreliable_objects"]
     for u in objs[:MAX_NAMED]:
         parts.append(f"{u['object']} in episode {u['episode']}: {u['why']}")
@@ -156,6 +178,13 @@ def log_self_check(check: dict, log=print) -> None:
     if cam["reliable"] is False:
         log(f"[self-check] UNRELIABLE camera: trusted frames' mean IoU {cam['trusted_mean_iou']:.3f} "
             f"< {cam['threshold']}")
+    for e, why in cam.get("episodes_moved", {}).items():
+        log(f"[self-check] UNRELIABLE camera in episode {e}: {why}")
+    moved = {e: v for e, v in cam.get("episode_shift_px", {}).items()
+             if v[2] >= SHIFT_MIN_RESPONSE and np.hypot(v[0], v[1]) >= CAMERA_SHIFT_MIN_PX}
+    if moved:
+        log(f"[self-check] camera moved since the calibration stills (objects localized with the shift): "
+            + ", ".join(f"episode {e} {np.hypot(v[0], v[1]):.1f} px" for e, v in moved.items()))
     for u in check["unreliable_objects"]:
         log(f"[self-check] UNRELIABLE {u['object']} in episode {u['episode']}: {u['why']}")
     if check["reliable"]:
@@ -173,4 +202,6 @@ def episode_verdict(check: dict, episode: int) -> dict | None:
         out["objects"] = objs
     if check["camera"]["reliable"] is False:
         out["camera"] = f"trusted calibration frames' mean IoU {check['camera']['trusted_mean_iou']:.3f}"
+    elif str(episode) in check["camera"].get("episodes_moved", {}):
+        out["camera"] = check["camera"]["episodes_moved"][str(episode)]
     return out or None
