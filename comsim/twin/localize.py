@@ -179,6 +179,7 @@ def expected_area_px(obj: ObjectSpec, K, T, x: float, y: float) -> float:
 AREA_RATIO = (0.3, 3.0)  # a candidate blob's pixel area over the object's projected area at its place
 MIN_CHANGE = 0.4  # with a robot-free still: a candidate's mean change from it (the object is not in the still)
 PRIOR_M = 0.2  # spread (m) of the prior on where an object is, around its position in the twin spec
+MAX_FITS = 3  # candidates fitted, best first, until one's fitted pose rests on the table
 COLOUR_FLOOR = 0.25  # colour term of a candidate: (floor + own colour) / (floor + another object's colour)
 
 
@@ -331,10 +332,12 @@ def localize_objects(img: np.ndarray, objects: list[ObjectSpec], K, T, robot_mas
     out = {}
     for o in order:
         cands = first[o.name] if not out else candidates(maps, o, K, T, table)
-        if not cands:
+        # the best candidate whose fitted pose stays on the table (a fit can slide off a blob that is not the object)
+        fits = (fit_pose(maps, o, K, T, c) for c in cands[:MAX_FITS])
+        out[o.name] = next((f for f in fits if _on_table(f["pos"], o, table)), None)
+        if out[o.name] is None:
             out[o.name] = {"found": False, "pos": None, "yaw": None, "score": 0.0}
             continue
-        out[o.name] = fit_pose(maps, o, K, T, cands[0])
         H, W = img.shape[:2]
         top, side = coverage(o, (out[o.name]["pos"][0], out[o.name]["pos"][1], out[o.name]["yaw"]), K, T, (0, 0, W, H))
         maps.claim(cv2.dilate(((top + side) > 0.3).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0)

@@ -35,6 +35,7 @@ CAMERA_SHIFT_MIN_PX = 0.3  # an episode whose static scene moved more from the r
 CAMERA_SHIFT_MAX_PX = 2.0  # ... and past this the camera moved too far since its calibration to trust
 SHIFT_MIN_RESPONSE = 0.2  # phase-correlation peak under which the shift is not measured (the scene changed)
 OBJECT_IOU_MIN = 0.4  # object: silhouette vs observed region
+COLOUR_MIN = 0.1  # object: mean evidence of its own colour inside its silhouette
 VISIBLE_MIN = 0.5  # object: share of its silhouette that the arm leaves visible in the first frames
 COLOUR_MARGIN = 0.25  # object: another object's colour evidence beats its own by this much inside its silhouette
 
@@ -86,6 +87,9 @@ def object_verdict(res: dict) -> str | None:
     if res["silhouette_iou"] < OBJECT_IOU_MIN:
         return (f"silhouette IoU {res['silhouette_iou']:.2f} with the region that shows an object there "
                 f"(threshold {OBJECT_IOU_MIN})")
+    if res["own_colour"] < COLOUR_MIN:
+        return (f"no sign of its colour inside its silhouette (mean colour evidence {res['own_colour']:.2f}, "
+                f"threshold {COLOUR_MIN})")
     if res["other_object"] is not None and res["other_colour"] > res["own_colour"] + COLOUR_MARGIN:
         return (f"its silhouette shows {res['other_object']}'s colour ({res['other_colour']:.2f}) more than its own "
                 f"({res['own_colour']:.2f}; margin {COLOUR_MARGIN})")
@@ -137,9 +141,10 @@ def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]], shif
                           "reliable": why is None, **({"why": why} if why else {})}
             if why:
                 unreliable.append({"episode": int(e), "object": name, "why": why,
-                                   "silhouette_iou": rows[name]["silhouette_iou"]})
+                                   "silhouette_iou": rows[name].get("silhouette_iou")})
         episodes[str(e)] = rows
-    out = {"thresholds": {"object_silhouette_iou": OBJECT_IOU_MIN, "object_visible": VISIBLE_MIN,
+    out = {"thresholds": {"object_silhouette_iou": OBJECT_IOU_MIN, "object_colour": COLOUR_MIN,
+                          "object_visible": VISIBLE_MIN,
                           "object_colour_margin": COLOUR_MARGIN, "camera_frame_iou": FRAME_IOU_MIN,
                           "camera_shift_compensated_px": CAMERA_SHIFT_MIN_PX, "camera_shift_px": CAMERA_SHIFT_MAX_PX},
            "camera": cam, "objects": episodes, "unreliable_objects": unreliable,
