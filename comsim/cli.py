@@ -62,6 +62,8 @@ def _generate(a):
 
         print(vocabulary())
         return
+    if a.from_demos:
+        return _generate_from_demos(a)
     if not a.task:
         raise InputError(None, "--task", "a task name or task YAML", "none")
     if a.dry_run:
@@ -75,8 +77,28 @@ def _generate(a):
     if not a.out:
         raise InputError(None, "--out", "an output folder (unless --dry-run)", "none")
     report = generate_dataset(a.task, a.episodes, Path(a.out), workers=a.workers, seed=a.seed, split=a.split,
-                              only_success=a.only_success, max_attempts=a.max_attempts, controls=a.controls,
-                              scene=a.scene, progress=not a.no_progress)
+                              only_success=a.only_success, max_attempts=10 if a.max_attempts is None else a.max_attempts,
+                              controls=a.controls, scene=a.scene, progress=not a.no_progress)
+    print(json.dumps(report))
+
+
+def _generate_from_demos(a):
+    from comsim.errors import InputError
+    from comsim.factory.demo_derived import check_demos, generate_from_demos
+
+    for flag, given in (("--scene", a.scene), ("--only-success", a.only_success)):
+        if given:
+            raise InputError(None, flag, "nothing with --from-demos (the paired dataset's aligned twin is the scene; "
+                             "only successful episodes are kept)", given)
+    if a.dry_run:
+        program, sources = check_demos(a.from_demos, a.task, a.split)
+        print(json.dumps({"task": program.name, "ok": True, **sources.describe()}))
+        return
+    if not a.out:
+        raise InputError(None, "--out", "an output folder (unless --dry-run)", "none")
+    report = generate_from_demos(a.from_demos, a.episodes, Path(a.out), task=a.task, workers=a.workers, seed=a.seed,
+                                 split=a.split, max_attempts=50 if a.max_attempts is None else a.max_attempts,
+                                 controls=a.controls, progress=not a.no_progress)
     print(json.dumps(report))
 
 
@@ -209,7 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="object poses from layout.in_distribution or layout.out_of_distribution")
     g.add_argument("--only-success", action="store_true",
                    help="retry failed episodes with new seeds (counted) instead of keeping them flagged")
-    g.add_argument("--max-attempts", type=int, default=10, help="attempts per episode with --only-success")
+    g.add_argument("--max-attempts", type=int, default=None,
+                   help="attempts per episode with --only-success (default 10) or --from-demos (default 50)")
+    g.add_argument("--from-demos", metavar="PAIRED", default=None,
+                   help="multiply the demonstrations of this paired dataset (`comsim twin replay`) in its aligned "
+                        "twin: their segments moved with their objects onto new layouts, only successes kept "
+                        "(--task defaults to lab_<their task>)")
     g.add_argument("--controls", nargs="*", default=[], choices=list(CONTROLS),
                    help="also record <cam>_sim_seg / <cam>_sim_depth control videos")
     g.add_argument("--scene", default=None,

@@ -126,4 +126,6 @@ def test_the_lab_table_profile_builds_every_dataset_in_the_run_folder(tmp_path):
             assert Path(spec.scene) == (run.paired / "twin_aligned.yaml").resolve()
         if spec.build == "convert":
             assert Path(spec.translator) == run.translator_final.resolve()
-    assert {s.build for s in cfg.datasets.values()} == {"lab", "factory", "convert"}
+        if spec.build == "demo_derived":
+            assert Path(spec.paired) == run.paired.resolve()
+    assert {s.build for s in cfg.datasets.values()} == {"lab", "factory", "demo_derived", "convert"}

@@ -9,6 +9,9 @@
 - ``success.py``   predicates on the final sim state
 - ``expert.py``    IK vetting of a layout, running a program, recording the episode
 - ``generate.py``  parallel, resumable dataset generation and its report
+- ``demos.py``     source demonstrations from a paired dataset: replayed in the twin, segmented
+- ``demo_derived.py`` their segments moved onto new layouts (MimicGen-style), `--from-demos`
+  (``from comsim.factory.demo_derived import generate_from_demos``: not imported here, it needs the twin)
 """
 from comsim.factory.generate import generate_dataset
 from comsim.factory.program import ProgramError, TaskProgram, load_program

@@ -100,6 +100,10 @@ PREDICATES: dict[str, Predicate] = {"stacked": Stacked(), "released": Released()
 
 def evaluate(program, setup, scene) -> tuple[bool, dict[str, bool]]:
     """(all checks pass, {"<predicate>@<line>": verdict})."""
-    s = scene_state(scene)
+    return judge(program, setup, scene_state(scene))
+
+
+def judge(program, setup, s: SceneState) -> tuple[bool, dict[str, bool]]:
+    """``evaluate`` on a state given as numbers (e.g. the last frame of a demonstration's replay)."""
     verdicts = {f"{c.predicate}@{c.line}": PREDICATES[c.predicate](s, setup, c.params) for c in program.success}
     return all(verdicts.values()), verdicts

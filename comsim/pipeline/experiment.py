@@ -42,7 +42,7 @@ from comsim.policy.config import MixtureConfig, PolicyRunConfig, SourceConfig, T
 from comsim.run_layout import ExperimentLayout
 from comsim.translator.sampling import SamplingParams
 
-BUILDS = ("lab", "factory", "convert")
+BUILDS = ("lab", "factory", "demo_derived", "convert")
 # the version of this module's training and scoring: part of every arm's and panel's identity, so a change
 # here that changes results is never mixed with results made before it
 EXPERIMENT_VERSION = 2
@@ -55,6 +55,7 @@ class DatasetSpec:
     """A dataset of the experiment, and how to make it when ``path`` holds none (``build``):
     lab: record scripted demonstrations in the lab (stages.record_lab);
     factory: generate sim episodes (stages.generate_sim; render under <cam>_sim);
+    demo_derived: sim episodes from the real demos of the paired dataset ``paired`` (stages.generate_demo_derived);
     convert: translate the sim dataset ``input`` with the translator ``translator`` (stages.convert_sim)."""
     path: str
     build: str | None = None  # lab | factory | convert | null (must exist)
@@ -64,6 +65,7 @@ class DatasetSpec:
     split: str = "id"  # factory: layout split
     controls: list[str] = field(default_factory=list)  # factory: control videos beside the render (e.g. [seg],
     #                                                    which a translator conditioned on segmentation needs)
+    paired: str | None = None  # demo_derived: the real demos' twin replay (a paired dataset)
     scene: str | None = None  # factory: twin scene YAML to generate in, e.g. the aligned twin
     #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
     input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
@@ -80,6 +82,8 @@ class DatasetSpec:
             raise ConfigError(f"build: expected one of {BUILDS} or null, got {self.build!r}")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision: expected fp32 or bf16, got {self.precision!r}")
+        if self.build == "demo_derived" and not self.paired:
+            raise ConfigError("build: demo_derived needs `paired` (the real demos' twin replay)")
         if self.build == "convert" and not (self.input and self.translator):
             raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")
 
@@ -333,6 +337,15 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
             log(f"experiment: generating {spec.episodes} sim episodes of {spec.program or cfg.task!r} into {path}")
             stages.generate_sim(spec.program or cfg.task, spec.episodes, path, scene=spec.scene, seed=spec.seed,
                                 split=spec.split, controls=spec.controls, workers=spec.workers)
+        elif spec.build == "demo_derived":
+            if not dataset_complete(spec.paired):
+                why = (f"dataset {name!r} ({path}) not found, and the paired dataset it derives from, {spec.paired}, "
+                       f"does not exist (replay the real demos with `comsim twin replay`, or set datasets.{name}.paired)")
+            else:
+                log(f"experiment: deriving {spec.episodes} episodes of {spec.program or cfg.task!r} from the demos "
+                    f"of {spec.paired} into {path}")
+                stages.generate_demo_derived(spec.paired, spec.episodes, path, task=spec.program, seed=spec.seed,
+                                             split=spec.split, controls=spec.controls, workers=spec.workers)
         elif spec.build == "convert":
             if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "

@@ -3,7 +3,8 @@
     record_lab        the lab's scripted teleoperation (+ calibration stills): the real stand-in
     align_twin        calibrate, localize, replay a real recording in the twin -> paired dataset
     train_translator  the translator on the paired dataset, a fixed number of steps, resumable
-    generate_sim      factory episodes in the aligned twin
+    generate_sim      factory episodes in the aligned twin (scripted programs)
+    generate_demo_derived   episodes from the real demos' own segments, moved to new layouts (MimicGen-style)
     convert_sim       sim -> pseudo-real with a translator
     video_metrics     held-out pairs translated and scored (beside the raw twin), object fidelity
     mix_datasets      real + pseudo-real at a chosen synthetic fraction, one LeRobot dataset
@@ -100,6 +101,19 @@ def generate_sim(task: str, episodes: int, out, scene=None, seed: int = 0, split
     if not dataset_complete(out):
         generate_dataset(task, episodes, Path(out), workers=workers, seed=seed, split=split, scene=scene,
                          controls=tuple(controls))
+    return Path(out)
+
+
+def generate_demo_derived(paired, episodes: int, out, task=None, seed: int = 0, split: str = "id",
+                          controls=SIM_CONTROLS, workers: int = 2) -> Path:
+    """``episodes`` episodes in the demonstrator's own style: the real demos of the paired dataset ``paired``
+    cut into object-centric segments, moved with their objects to new layouts of ``split`` and replayed in the
+    aligned twin, kept when the task succeeds (``comsim generate --from-demos``)."""
+    from comsim.factory.demo_derived import generate_from_demos
+
+    if not dataset_complete(out):
+        generate_from_demos(paired, episodes, Path(out), task=task, workers=workers, seed=seed, split=split,
+                            controls=tuple(controls), progress=True)
     return Path(out)
 
 
