@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from comsim.io.lerobot import LeRobotDataset  # noqa: E402
+from comsim.lab.pairs import true_calibration  # noqa: E402
 from comsim.sim.spec import load_scene_spec  # noqa: E402
 from comsim.twin.selfcheck import (OBJECT_IOU_MIN, UnreliableTwinError, camera_check,  # noqa: E402
                                    check_alignment, unreliable_message)
@@ -37,15 +38,6 @@ def record(out: Path, cell, overrides=(), episodes: int = 2, stills: int = 1, se
     from comsim.lab.record import record_dataset
     return record_dataset("push", episodes=episodes, out=out, seed=seed, cell=load_lab_cell(cell, list(overrides)),
                           calibration_stills=stills)
-
-
-def true_calibration(real: Path, path: Path) -> Path:
-    """A calibration.json holding the lab's true camera (read here by the test, never by the twin)."""
-    from comsim.lab.truth import load_camera_intrinsics, load_lab_truth
-    intr = load_camera_intrinsics(real)
-    path.write_text(json.dumps({"T_cam_from_base": load_lab_truth(real).T_cam_from_base.tolist(), "K": intr["K"],
-                                "dist": intr["dist_coeffs"], "width": 128, "height": 128, "converged": True}))
-    return path
 
 
 def truth_errors(real: Path, found: dict[str, dict], episode: int) -> dict[str, float]:
@@ -102,7 +94,7 @@ def test_low_contrast_table_every_object_within_2cm_or_refused(blue_table, tmp_p
     2 cm of the lab's truth or named unreliable; here both cubes are found."""
     from comsim.lab.twin_truth import replay_and_score
     out = replay_and_score(blue_table, TWIN, tmp_path / "paired", mode="kinematic", channels=("seg",), refine=False,
-                           calibration=true_calibration(blue_table, tmp_path / "cal.json"), **QUIET)
+                           calibration=true_calibration(blue_table), **QUIET)
     rep = json.loads((out / "alignment_report.json").read_text())
     assert rep["self_check"]["reliable"], rep["self_check"]["unreliable_objects"]
     for row in rep["episodes"]:
@@ -120,7 +112,7 @@ def test_refuses_by_name_before_writing_then_marks(default_lab, tmp_path):
     which are there, pass."""
     from comsim.twin.replay import replay_dataset
     spec = with_yellow_can()
-    cal, out = true_calibration(default_lab, tmp_path / "cal.json"), tmp_path / "paired"
+    cal, out = true_calibration(default_lab), tmp_path / "paired"
     kw = dict(mode="kinematic", channels=("seg",), refine=False, calibration=cal, **QUIET)
     with pytest.raises(UnreliableTwinError) as e:
         replay_dataset(default_lab, spec, out, **kw)
@@ -146,13 +138,14 @@ def test_refuses_by_name_before_writing_then_marks(default_lab, tmp_path):
 def test_default_lab_passes_and_its_bytes_do_not_depend_on_the_option(default_lab, tmp_path):
     """No false alarm on the built-in lab; a twin that passes writes the same files either way."""
     from comsim.twin.replay import replay_dataset
-    cal = true_calibration(default_lab, tmp_path / "cal.json")
+    cal = true_calibration(default_lab)
     kw = dict(mode="kinematic", channels=("seg",), refine=False, calibration=cal, **QUIET)
     a = replay_dataset(default_lab, TWIN, tmp_path / "refuse", **kw)
     b = replay_dataset(default_lab, TWIN, tmp_path / "mark", on_unreliable="mark", **kw)
     al = json.loads((a / "twin_alignment.json").read_text())
     assert al["self_check"]["reliable"], al["self_check"]
-    assert min(r["silhouette_iou"] for per in al["self_check"]["objects"].values() for r in per.values()) > OBJECT_IOU_MIN
+    ious = [r["silhouette_iou"] for per in al["self_check"]["objects"].values() for r in per.values()]
+    assert min(ious) > OBJECT_IOU_MIN, ious
     for e in range(2):
         errs = truth_errors(default_lab, al["objects"][str(e)], e)
         assert max(errs.values()) < 0.015, errs  # the localization the twin's numbers rest on
@@ -184,11 +177,12 @@ def test_a_refused_twin_fails_the_run_stage_with_its_message(default_lab, tmp_pa
     run = RunLayout(tmp_path / "run")
     log = StageLog(run, log=lambda *a: None)
     log.step(TWIN_STAGE, lambda: st.align_twin(default_lab, twin, run.paired, run.twin_summary, workers=1,
-                                               calibration=true_calibration(default_lab, tmp_path / "cal.json")))
+                                               calibration=true_calibration(default_lab)))
     log.step(TRANSLATOR, lambda: None, needs=[TWIN_STAGE])
     log.write()
     failures = json.loads(run.stages.read_text())["failures"]
-    assert failures[TWIN_STAGE].startswith("UnreliableTwinError: ") and "yellow_can in episode 0" in failures[TWIN_STAGE]
+    twin_failure = failures[TWIN_STAGE]
+    assert twin_failure.startswith("UnreliableTwinError: ") and "yellow_can in episode 0" in twin_failure
     assert failures[TRANSLATOR] == f"skipped: needs {TWIN_STAGE}"
     page = build_report(run.root).read_text()
     twin_html = page[page.index("<h2>Twin alignment</h2>"):]

@@ -2,20 +2,29 @@
 
 For every object (box or cylinder of known size):
 
-1. Colour cue: a per-pixel likelihood that the pixel shows the object, from its
-   chromaticity's distance to the object's colour (the spec's nominal colour first, then
-   the colour actually seen in the object's core: lighting and white balance shift it).
-   With an object-free background image (calibration stills), also any change from it
-   that is not a shadow (``change_not_shadow``).
-2. Candidate: the connected blob with the most evidence whose size fits the object's
-   expected projected size; its centre back-projected onto the plane z = half height.
-3. Refinement: (x, y, yaw) maximizing the agreement between the object's projected
-   silhouette (convex hull of its corners, rasterized with sub-pixel precision and
-   area-averaged, so the objective is smooth) and the soft colour map. Several yaw
-   starts; the yaw is reported modulo the shape's symmetry (90 deg for a square box,
-   180 deg for a rectangular one, none for a cylinder).
+1. Evidence (``EvidenceMaps``): a per-pixel likelihood that the pixel shows the object, from
+   its chromaticity's shift towards the object's colour from the background (lighting and
+   white balance move absolute colours; an object still shifts the surface it hides towards
+   its own colour). With an object-free background image (the calibration's robot-free
+   still), that still is first registered to the frame (exposure and white balance per
+   channel, one-pixel shifts: ``register_background``) and any change from it that is not a
+   shadow counts too (``change_not_shadow``): a face whose colour the light washes out, or a
+   cube on a table of its own hue, is still a change from the still.
+2. Candidates (``candidates``): connected blobs of the object's colour (and, with a still, of
+   change), kept only where the object could be: resting on the table, of about its
+   projected size there, changed from the still. Ranked by evidence, size fit, how much more
+   they show this object's colour than another object's, and a prior around the twin spec's
+   position. Objects are placed in order of how clearly they show their own colour; each
+   placed one removes its pixels from the others' evidence.
+3. Refinement (``fit_pose``): (x, y, yaw) maximizing the agreement between the object's
+   projected silhouette (convex hull of its corners, rasterized with sub-pixel precision and
+   area-averaged, so the objective is smooth) and the evidence. Several yaw starts; the yaw
+   is reported modulo the shape's symmetry (90 deg for a square box, 180 deg for a
+   rectangular one, none for a cylinder). A fit that slides off the table is dropped for the
+   next candidate.
 
-All geometry goes through the calibrated camera (K, T_cam_from_base, pinhole frames).
+All geometry goes through the calibrated camera (K, T_cam_from_base, pinhole frames). How far
+to trust the result is the self-check's business (``selfcheck.py``).
 """
 from __future__ import annotations
 

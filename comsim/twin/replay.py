@@ -8,7 +8,12 @@
    writes them), else from the dataset's own frames (``align.py``),
    and the colours (``colors.py``). The published lens distortion, if any, is read from
    the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
-2. Per episode: objects are localized in the first frames (``localize.py``), then
+   Every episode's objects are localized in its first frames (``localize.py``) and the twin
+   checks itself (``selfcheck.py``: the calibration's IoU per frame, how far each episode's
+   camera moved from the stills, each object's silhouette against what the first frames show
+   there). A twin that fails is refused by name before any episode is written, or, with
+   ``on_unreliable="mark"``, replayed with the episodes concerned marked ``twin_unreliable``.
+2. Per episode, from the objects found in its first frames:
    - ``kinematic``: the robot is set to the recorded joint positions frame by frame;
      objects stay where they were found (no contact dynamics);
    - ``physics``: the twin starts from the first recorded state and its servos track
@@ -204,7 +209,8 @@ def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, backgrou
     frames = ep.frames[cam]
     if maps is not None:
         frames = np.stack([undistort(f, maps) for f in frames])
-    ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"] if K is None else K), np.asarray(al["T_cam_from_base"]),
+    K = np.asarray(al["K"] if K is None else K)  # the episode's: a camera moved since the stills shifts it
+    ev = Evidence(frames, ep.state, spec, cam, K, np.asarray(al["T_cam_from_base"]),
                   colors=al["nominal_object_rgba"], background=background)
     return refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
 
