@@ -71,7 +71,7 @@ def object_residual(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> dict:
     top, side = coverage(obj, pose, K, T, win)
     sil = (top + side) > 0.5
     seen = maps.free[y0:y1, x0:x1]
-    found = maps.evidence(obj.name)[y0:y1, x0:x1] > 0.5
+    found = _observed(maps, obj.name, win)
     n, lab = cv2.connectedComponents(found.astype(np.uint8), connectivity=8)
     near = np.unique(lab[cv2.dilate(sil.astype(np.uint8), np.ones((3, 3), np.uint8)) > 0])
     region = np.isin(lab, near[near > 0])
@@ -83,6 +83,17 @@ def object_residual(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> dict:
     return {"silhouette_iou": float(inter / union) if union else 0.0,
             "visible": float(inside.sum() / max(sil.sum(), 1)),
             "own_colour": colour[obj.name], "other_colour": others.get(other, 0.0), "other_object": other}
+
+
+def _observed(maps: EvidenceMaps, name: str, win) -> np.ndarray:
+    """Inside ``win``: the pixels that show an object there, as the localizer's candidates see them: with a
+    still, the object's evidence (colour or change) over 0.5; without one, its colour evidence over 0.3 with
+    one-pixel gaps closed (colour alone is patchy on a textured table)."""
+    x0, y0, x1, y1 = win
+    ev = maps.evidence(name)[y0:y1, x0:x1]
+    if maps.change is not None:
+        return ev > 0.5
+    return cv2.morphologyEx((ev > 0.3).astype(np.uint8), cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8)) > 0
 
 
 def object_verdict(res: dict) -> str | None:
