@@ -212,8 +212,12 @@ def _self_check(rep: Report, al: dict | None, report: dict | None) -> None:
         rows.append(row)
     rep.table(rows, caption=f"objects: each one's silhouette at its estimated pose against the region of the first "
                             f"frames that shows an object there (IoU; unreliable under "
-                            f"{fmt_number(th.get('object_silhouette_iou'))}, or when the arm hides it, or when it "
-                            f"shows another object's colour)")
+                            f"{fmt_number(th.get('object_silhouette_iou'))}, when its own colour evidence inside it is "
+                            f"under {fmt_number(th.get('object_colour'))}, when another object's colour shows there "
+                            f"more, or when the arm hides it); the camera's shift from the calibration stills in each "
+                            f"episode's first frames (compensated over "
+                            f"{fmt_number(th.get('camera_shift_compensated_px'))} px, unreliable over "
+                            f"{fmt_number(th.get('camera_shift_px'))} px)")
 
 
 # -- episodes ------------------------------------------------------------------------------------
