@@ -122,6 +122,10 @@ def _eval_video(a):
     from comsim.metrics.evaluate import METRICS, EvalOptions, evaluate_video, to_json_safe
     from comsim.io.files import atomic_output
 
+    if a.out:  # refused before the metrics run, not after
+        from comsim.io.paths import check_output_file
+
+        check_output_file(a.out)
     metrics = tuple(m.strip() for m in a.metrics.split(",") if m.strip()) if a.metrics else METRICS
     opts = EvalOptions(camera=a.camera, metrics=metrics, inception=a.inception, i3d=a.i3d, lpips_net=a.lpips_net,
                        allow_download=a.allow_download, clip=a.clip, twin=a.twin, twin_camera=a.twin_camera,
@@ -351,7 +355,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from comsim.errors import exit_for
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # an unset shell variable (`--out $OUT`) must not mean the working directory, as Path("") would
+    empty = [k for k, v in vars(args).items() if v == "" and k not in ("channels", "metrics")]
+    if empty:
+        parser.error(f"--{empty[0].replace('_', '-')}: expected a value, got an empty string")
     try:
         args.func(args)
     except Exception as e:  # bad input: one line naming the file and field, exit 2; a bug keeps its traceback

@@ -43,12 +43,22 @@ class ConfigError(ComSimError, ValueError):
     """A config file or value is not what its dataclass expects; the message names the file and key."""
 
 
-def load_yaml(path: str | Path) -> dict:
+def read_config_text(path: str | Path) -> str:
+    """The text of a config file; a missing file or one that is not UTF-8 text is a ConfigError naming it."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: file not found")
     try:
-        data = yaml.safe_load(path.read_text())
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a text (UTF-8) file: byte {e.start} is {e.object[e.start:e.start + 1]!r}") from None
+
+
+def load_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    text = read_config_text(path)
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if data is None:

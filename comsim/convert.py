@@ -20,13 +20,16 @@ Parallelism, three ways (each process stages its own episodes; one close at the 
 - ``accelerate launch ... comsim convert ...``: episodes split over accelerate's processes
   (``PartialState.split_between_processes``), each on its own device; the main one closes;
 - ``num_shards=K, shard_index=j``: independent jobs (e.g. a cluster array) take episodes
-  ``k % K == j`` and do not close; a final run without shard arguments closes the dataset.
+  ``k % K == j``, side by side in one folder; the last to finish closes the dataset (or a final
+  run without shard arguments does). The same shard twice, or an unsharded run beside a shard, is
+  refused (``comsim/io/lock.py``), as is any second writer of an output.
 
 Refused before converting anything: an input whose action dimension, camera, control
 videos or frame rate differ from the translator's, or an input that already has real frames.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -37,13 +40,15 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.config import PRECISIONS
-from comsim.episode import Episode, Provenance, episode_seed
+from comsim.episode import Episode, Provenance, check_seed, episode_seed
 from comsim.errors import ComSimError
 from comsim.io.keys import control_key, sim_key
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset, dataset_complete
 from comsim.io.files import read_json_object, weights_hash, write_json
+from comsim.io.lock import output_lock
 from comsim.io.paths import check_output_path, claim_output, is_inside, safe_name
 from comsim.translator.sampling import SamplingParams
+from comsim.workers import exit_with_parent, torch_threads
 
 HEADER_FILE = "conversion.json"
 REPORT_FILE = "conversion_report.json"  # the closing run's timing: frames, seconds, frames/s
@@ -137,6 +142,7 @@ def check_compatible(model_dir: Path, ds: LeRobotDataset) -> dict:
     if len(ds) == 0:
         raise ConversionError(f"{where}: total_episodes: expected at least 1 episode to convert, got 0")
     ds.check_finite()  # NaN actions would be translated into garbage frames without a word
+    ds.check_videos()  # a corrupt video is named now, not after the episodes before it are converted
     return meta
 
 
@@ -204,6 +210,7 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
         raise ConversionError(f"workers and threads must be >= 1, got {workers}, {threads}")
     if precision not in PRECISIONS:
         raise ConversionError(f"precision: expected fp32 or bf16, got {precision!r}")
+    check_seed(seed)
     check_output_path(output, "--output")
     if is_inside(output, input) or is_inside(input, output):
         raise ConversionError(f"{output}: --output: expected a folder outside --input {input} (and not holding "
@@ -225,10 +232,26 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     state = _accelerate_state() if num_shards is None else None
     is_main = state is None or state.is_main_process
     device = device or (str(state.device) if state is not None else "cpu")
-    if is_main:
+    # torch's thread count is this run's while it runs (CPU results depend on it), the caller's after
+    with torch_threads(threads):
+        if is_main:
+            claim_output(output, HEADER_FILE, header, RESUME_KEYS, "comsim convert", "--output", ConversionError,
+                         made="holds a conversion made")
+            _load_worker(str(model), str(input), device, threads)  # a model that does not load: refused before writing
+        # one writer per output (the main process speaks for accelerate's others; shards side by side)
+        lock = output_lock(output, "comsim convert", shard=shard_index if num_shards not in (None, 1) else None) \
+            if is_main else contextlib.nullcontext()
+        with lock as held:
+            return _convert(ds, model, input, output, header, guidance, t_hash, state, is_main, device, threads,
+                            seed, workers, num_shards, shard_index, progress, held)
+
+
+def _convert(ds, model, input, output, header, guidance, t_hash, state, is_main, device, threads, seed, workers,
+             num_shards, shard_index, progress, held) -> dict:
+    """The writing part of ``convert_dataset``, with the output locked and every input checked."""
+    if is_main:  # again, now that no other writer can be at work: a run that finished meanwhile
         claim_output(output, HEADER_FILE, header, RESUME_KEYS, "comsim convert", "--output", ConversionError,
                      made="holds a conversion made")
-        _load_worker(str(model), str(input), device, threads)  # a model that does not load: refused before writing
     writer = DatasetWriter(output, ds.fps, resume=True)
     if dataset_complete(output):  # closed before: nothing to do
         return _report(output, header, 0, 0, None)
@@ -252,7 +275,8 @@ def convert_dataset(model: str | Path, input: str | Path, output: str | Path, *,
     elapsed = time.perf_counter() - t0
     if num_shards not in (None, 1):
         missing = sorted(set(range(len(ds))) - writer.finished_episodes)
-        if missing:  # other shards still running: the last call without shard arguments closes
+        # other shards still running: the one that finishes last (or a call without shard arguments) closes
+        if missing or not held.alone():
             return _report(output, header, len(todo), frames, elapsed, closed=False, waiting_for=len(missing))
     report = _report(output, header, len(todo), frames, elapsed, closed=is_main)
     if is_main:
@@ -267,7 +291,9 @@ def _run(todo, model, input, output, fps, seed, guidance, t_hash, device, thread
     bar = tqdm(total=len(jobs), desc="convert", unit="episode", disable=not progress)
     frames, pool = 0, None
     if workers > 1 and len(jobs) > 1:
-        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)))
+        # workers end with this process: a rerun after a kill -9 never races one staging the same episode
+        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=exit_with_parent,
+                                            initargs=(os.getpid(),))
         results = pool.imap_unordered(_work, jobs)
     else:
         results = map(_work, jobs)

@@ -92,6 +92,16 @@ def episode_seed(seed: int, index: int, *streams: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(index), *(int(s) for s in streams)]).generate_state(1)[0])
 
 
+def check_seed(seed, field: str = "--seed") -> int:
+    """A run's base seed as ``episode_seed`` takes it: a whole number >= 0 (a SeedSequence refuses
+    negative ones, which would otherwise fail only at the first episode, after the run's files are made)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        from comsim.errors import InputError
+
+        raise InputError(None, field, "a whole number >= 0", seed)
+    return int(seed)
+
+
 def resize_frames(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """uint8 (..., H, W, 3) -> uint8 (..., h, w, 3) for ``size`` = (h, w): area averaging when shrinking
     (OpenCV INTER_AREA), bilinear when enlarging; the frames themselves when the size is already right."""

@@ -7,10 +7,12 @@ catches bad input too.
 """
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
 EXIT_BAD_INPUT = 2
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)  # a full disk, or a full quota: the same to a writer
 
 
 class ComSimError(Exception):
@@ -28,6 +30,21 @@ class InputError(ComSimError, ValueError):
         parts = [str(p) for p in (file, field) if p not in (None, "")]
         msg = f"expected {expected}" + ("" if got is None else f", got {_short(got)}")
         super().__init__(": ".join(parts + [msg]))
+
+
+class OutOfSpaceError(ComSimError):
+    """The disk (or quota) filled up while writing: finished work stays, a rerun with space resumes it."""
+
+
+def no_space(e: BaseException | None) -> bool:
+    """True when ``e``, or an exception it came from, is a full disk (ENOSPC) or quota (EDQUOT)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OutOfSpaceError) or (isinstance(e, OSError) and e.errno in NO_SPACE):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _short(x: object, limit: int = 120) -> str:
@@ -54,8 +71,11 @@ def is_bad_input(e: BaseException) -> bool:
 
 
 def exit_for(e: BaseException, prog: str = "comsim") -> int:
-    """Bad input: print it as one line on stderr and return exit status 2. Anything else: re-raise."""
+    """Bad input or a full disk: print it as one line on stderr and return exit status 2. Anything else: re-raise."""
     if not is_bad_input(e):
-        raise e
+        if not no_space(e):
+            raise e
+        e = OutOfSpaceError(f"{' '.join(str(e).split())}: the disk is full; free space, then rerun the same command "
+                            "(finished work is kept and resumed)")
     print(f"{prog}: error: {' '.join(str(e).split())}", file=sys.stderr)
     return EXIT_BAD_INPUT

@@ -165,7 +165,17 @@ def test_same_episode_same_frames_and_resume_is_a_no_op(reference, sim_dataset, 
     a = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     b = convert_episode(pipe, ep, 2, 3, guidance, "x").frames["front"]
     assert np.array_equal(a, b)
-    again = convert_dataset(micro, sim_dataset, reference, progress=False, **ARGS)
+    import comsim.convert
+    import torch
+
+    comsim.convert._WORKER.clear()  # the translator is loaded again, with convert's own thread count (1)
+    caller = torch.get_num_threads()
+    torch.set_num_threads(caller + 1)
+    try:
+        again = convert_dataset(micro, sim_dataset, reference, progress=False, **ARGS)
+        assert torch.get_num_threads() == caller + 1  # the caller's thread count is back after convert
+    finally:
+        torch.set_num_threads(caller)
     assert again["converted_now"] == 0
     with pytest.raises(ConversionError, match="holds a conversion made with"):
         convert_dataset(micro, sim_dataset, reference, progress=False, seed=ARGS["seed"],

@@ -87,6 +87,7 @@ def shared(tmp_path_factory):
     root = tmp_path_factory.mktemp("shared")
     write_sim(root / "sim")
     write_sim(root / "real", cams=("front",))  # what a real robot's camera recorded
+    write_sim(root / "paired", cams=("front", "front_sim"))  # a twin replay's pairs (translator training)
     save_micro_translator(root / "micro")
     (root / "task.yaml").write_text(TASK.format(scene=SCENE))
     return root
@@ -642,6 +643,350 @@ def i3d_url_without_opt_in(t, s):
                       "--metrics", "fvd", "--i3d", "http://127.0.0.1:9/i3d.pt"], "--i3d"
 
 
+# -- checks before the first write: inputs that a command would otherwise find only after making its files
+@case("scene")
+def odd_camera_size(t, s):
+    sc = scene_with(t, width=127, height=127, K=[110.0, 110.0, 63.5, 63.5])
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--scene", str(sc), "--out", str(t / "out"),
+                      "--episodes", "1", "--no-progress"], str(sc)
+
+
+@case("scene")
+def camera_too_large(t, s):
+    sc = scene_with(t, width=100000, height=100000)
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--scene", str(sc), "--out", str(t / "out"),
+                      "--no-progress"], "at most"
+
+
+@case("scene")
+def scene_not_utf8(t, s):
+    sc = t / "scene.yaml"
+    sc.write_bytes(b"\xff\xfe" + SCENE.read_bytes())
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(sc), "--out", str(t / "out")], str(sc)
+
+
+@case("task")
+def task_not_utf8(t, s):
+    p = t / "task.yaml"
+    p.write_bytes(TASK.format(scene=SCENE).encode("utf-16"))
+    return "comsim", ["generate", "--task", str(p), "--out", str(t / "out"), "--no-progress"], str(p)
+
+
+@case("lab_cell")
+def lab_cell_not_utf8(t, s):
+    p = t / "cell.yaml"
+    p.write_bytes(b"\x80" + LAB.read_bytes())
+    return "comsim", _record(t, p), str(p)
+
+
+@case("flag")
+def generate_negative_seed(t, s):
+    return "comsim", ["generate", "--task", str(s / "task.yaml"), "--out", str(t / "out"), "--seed", "-1",
+                      "--no-progress"], "--seed"
+
+
+@case("flag")
+def lab_record_negative_seed(t, s):
+    return "comsim", ["lab", "record", "--task", "push", "--episodes", "1", "--out", str(t / "out"), "--seed", "-3"], \
+        "--seed"
+
+
+@case("flag")
+def lab_record_negative_stills(t, s):
+    return "comsim", ["lab", "record", "--task", "push", "--episodes", "1", "--out", str(t / "out"),
+                      "--calibration-stills", "-2"], "--calibration-stills"
+
+
+@case("flag")
+def convert_negative_seed(t, s):
+    return "comsim", _convert(t, s, s / "micro", None, None, "--seed", "-1"), "--seed"
+
+
+@case("flag")
+def convert_nan_guidance(t, s):
+    return "comsim", _convert(t, s, s / "micro", None, None, "--w-sim", "nan"), "--w-sim"
+
+
+@case("flag")
+def replay_unknown_channel(t, s):
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(SCENE), "--out", str(t / "out"),
+                      "--channels", "seg,xray"], "--channels"
+
+
+@case("flag")
+def replay_unknown_camera(t, s):
+    return "comsim", ["twin", "replay", "--real", str(s / "real"), "--twin", str(SCENE), "--out", str(t / "out"),
+                      "--camera", "side"], "side"
+
+
+@case("flag")
+def eval_no_episodes(t, s):
+    return "comsim", ["eval", "video", "--pred", str(s / "sim"), "--ref", str(s / "sim"), "--camera", "front_sim",
+                      "--metrics", "psnr", "--max-episodes", "0"], "max_episodes"
+
+
+@case("flag")
+def lab_pairs_negative_count(t, s):
+    return "comsim", ["lab", "pairs", "--out", str(t / "out"), "--push", "-1"], "--push"
+
+
+@case("output")
+def eval_out_is_a_folder(t, s):
+    (t / "report").mkdir()
+    return "comsim", ["eval", "video", "--pred", str(s / "sim"), "--ref", str(s / "sim"), "--camera", "front_sim",
+                      "--metrics", "psnr", "--out", str(t / "report")], str(t / "report")
+
+
+# -- media: truncated or corrupt video and image files (one line naming the file, not FFmpeg's traceback)
+def _video(ds: Path) -> Path:
+    return next((ds / "videos").rglob("*.mp4"))
+
+
+def _truncated(ds: Path) -> Path:
+    f = _video(ds)
+    f.write_bytes(f.read_bytes()[:2000])
+    return f
+
+
+@case("media")
+def convert_truncated_mp4(t, s):
+    f = _truncated(copy(s / "sim", t / "d"))
+    return "comsim", _convert(t, s, s / "micro", t / "d"), str(f)
+
+
+@case("media")
+def convert_empty_mp4(t, s):
+    f = _video(copy(s / "sim", t / "d"))
+    f.write_bytes(b"")
+    return "comsim", _convert(t, s, s / "micro", t / "d"), str(f)
+
+
+@case("media")
+def convert_mp4_holds_a_png(t, s):
+    f = _video(copy(s / "sim", t / "d"))  # the header parses (an image stream); its frames do not decode
+    f.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    return "comsim", _convert(t, s, s / "micro", t / "d"), str(f)
+
+
+@case("media")
+def eval_truncated_mp4(t, s):
+    f = _truncated(copy(s / "sim", t / "d"))
+    return "comsim", ["eval", "video", "--pred", str(t / "d"), "--ref", str(s / "sim"), "--camera", "front_sim",
+                      "--metrics", "psnr"], str(f)
+
+
+@case("media")
+def eval_mp4_folder_truncated(t, s):
+    (t / "mp4s").mkdir()
+    shutil.copy(_video(s / "sim"), t / "mp4s" / "a.mp4")
+    (t / "mp4s" / "b.mp4").write_bytes(_video(s / "sim").read_bytes()[:1500])
+    return "comsim", ["eval", "video", "--pred", str(t / "mp4s"), "--ref", str(t / "mp4s"), "--metrics", "psnr"], \
+        str(t / "mp4s" / "b.mp4")
+
+
+@case("media")
+def eval_frame_not_an_image(t, s):
+    (t / "frames" / "ep0").mkdir(parents=True)
+    (t / "frames" / "ep0" / "000.png").write_bytes(b"not a png")
+    return "comsim", ["eval", "video", "--pred", str(t / "frames"), "--ref", str(t / "frames"), "--metrics",
+                      "psnr"], "000.png"
+
+
+@case("media")
+def replay_truncated_mp4(t, s):
+    f = _truncated(copy(s / "real", t / "d"))
+    return "comsim", ["twin", "replay", "--real", str(t / "d"), "--twin", str(SCENE), "--out", str(t / "out")], str(f)
+
+
+@case("media")
+def training_truncated_mp4(t, s):
+    f = _truncated(copy(s / "paired", t / "d"))
+    return "train", ["--config", str(_paired_cfg(t, t / "d"))], str(f)
+
+
+# -- translator training: every setting in range before translator_config.json is written
+def _paired_cfg(t: Path, data: Path, **over) -> Path:
+    return translator_cfg(t, data__paths=[str(data)], data__num_frames=4, data__val_episodes=1, **over)
+
+
+@case("translator_config")
+def config_negative_learning_rate(t, s):
+    p = translator_cfg(t, train__learning_rate=-1)
+    return "train", ["--config", str(p)], "train.learning_rate"
+
+
+@case("translator_config")
+def config_zero_steps(t, s):
+    p = translator_cfg(t, train__max_steps=0)
+    return "train", ["--config", str(p)], "train.max_steps"
+
+
+@case("translator_config")
+def config_zero_checkpointing_steps(t, s):
+    p = translator_cfg(t, train__checkpointing_steps=0)
+    return "train", ["--config", str(p)], "train.checkpointing_steps"
+
+
+@case("translator_config")
+def config_unknown_scheduler(t, s):
+    p = translator_cfg(t, train__lr_scheduler="zigzag")
+    return "train", ["--config", str(p)], "train.lr_scheduler"
+
+
+@case("translator_config")
+def config_betas_out_of_range(t, s):
+    p = translator_cfg(t, train__adam_betas=[2.0, 3.0])
+    return "train", ["--config", str(p)], "train.adam_betas"
+
+
+@case("translator_config")
+def config_ema_decay_above_one(t, s):
+    p = translator_cfg(t, train__ema_decay=2.0)
+    return "train", ["--config", str(p)], "train.ema_decay"
+
+
+@case("translator_config")
+def config_zero_patch(t, s):
+    p = translator_cfg(t, model__patch_size=[0, 4, 4])
+    return "train", ["--config", str(p)], "model.patch_size"
+
+
+@case("translator_config")
+def config_no_blocks(t, s):
+    p = translator_cfg(t, model__depth=0)
+    return "train", ["--config", str(p)], "model.depth"
+
+
+@case("translator_config")
+def config_not_utf8(t, s):
+    p = t / "translator.yaml"
+    p.write_bytes(b"\xff" + TINY.read_bytes())
+    return "train", ["--config", str(p)], str(p)
+
+
+@case("translator_config")
+def config_vae_not_found(t, s):
+    p = translator_cfg(t, codec__type="diffusers_vae", codec__pretrained=str(t / "no_vae"))
+    return "train", ["--config", str(p)], "codec.pretrained"
+
+
+@case("translator_config")
+def training_data_is_sim_only(t, s):
+    return "train", ["--config", str(_paired_cfg(t, s / "sim"))], str(s / "sim")
+
+
+@case("translator_config")
+def training_episodes_shorter_than_a_window(t, s):
+    p = translator_cfg(t, data__paths=[str(s / "paired")], data__num_frames=8, data__val_episodes=1)
+    return "train", ["--config", str(p)], str(s / "paired")
+
+
+@case("output")
+def training_output_dir_is_a_file(t, s):
+    (t / "runs").write_text("notes\n")
+    return "train", ["--config", str(translator_cfg(t))], "train.output_dir"
+
+
+@case("output")
+def training_output_dir_is_a_user_folder(t, s):
+    (t / "runs").mkdir()
+    (t / "runs" / "thesis.tex").write_text("precious\n")
+    return "train", ["--config", str(translator_cfg(t))], str(t / "runs")
+
+
+@case("output")
+def training_over_checkpoints_without_resume(t, s):
+    (t / "runs" / "checkpoint-2").mkdir(parents=True)
+    (t / "runs" / "translator_config.json").write_text("{}")
+    return "train", ["--config", str(translator_cfg(t))], "--resume_from_checkpoint"
+
+
+# -- calibration folders: intrinsics and distortion files
+@case("calibration")
+def K_txt_not_numbers(t, s):
+    d = calib_folder(t)
+    (d / "K.txt").write_text("hello world\n")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "K.txt")
+
+
+@case("calibration")
+def K_txt_binary(t, s):
+    d = calib_folder(t)
+    (d / "K.txt").write_bytes(b"\xff\xfe\x00\x01")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "K.txt")
+
+
+@case("calibration")
+def dist_txt_not_numbers(t, s):
+    d = calib_folder(t)
+    (d / "dist.txt").write_text("a b c d\n")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "dist.txt")
+
+
+@case("calibration")
+def dist_txt_nan(t, s):
+    d = calib_folder(t)
+    (d / "dist.txt").write_text("nan 0 0 0 0\n")
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "dist.txt")
+
+
+@case("calibration")
+def intrinsics_json_invalid(t, s):
+    d = calib_folder(t, K=[60, 60, 32, 24])
+    (d / "camera_intrinsics.json").write_text('{"K": [60, 60')
+    return "comsim", ["twin", "calibrate", str(d), "--out", str(t / "out")], str(d / "camera_intrinsics.json")
+
+
+# -- datasets a command reads in full: refused before the first write
+@case("dataset")
+def replay_states_of_seven_values(t, s):
+    rng = np.random.default_rng(0)
+    ep = Episode(frames={"front": rng.integers(0, 255, (4, 32, 32, 3), dtype=np.uint8)},
+                 action=np.zeros((4, 7), np.float32), state=np.zeros((4, 7), np.float32), fps=10, task="push",
+                 provenance=Provenance(source="real", task="push", seed=0))
+    with DatasetWriter(t / "d", 10) as w:
+        w.add_episode(ep)
+    return "comsim", ["twin", "replay", "--real", str(t / "d"), "--twin", str(SCENE), "--out", str(t / "out")], \
+        "observation.state"
+
+
+@case("dataset")
+def convert_parquet_narrower_than_info(t, s):
+    d = copy(s / "sim", t / "d")
+    _narrow_actions(d)
+    return "comsim", _convert(t, s, s / "micro", d), "'action'"
+
+
+@case("dataset")
+def convert_parquet_without_states(t, s):
+    d = copy(s / "sim", t / "d")
+    f = next((d / "data").rglob("*.parquet"))
+    pq.write_table(pq.read_table(f).drop(["observation.state"]), f)
+    return "comsim", _convert(t, s, s / "micro", d), "'observation.state'"
+
+
+@case("dataset")
+def replay_parquet_narrower_than_info(t, s):
+    d = copy(s / "real", t / "d")
+    _narrow_actions(d)
+    return "comsim", ["twin", "replay", "--real", str(d), "--twin", str(SCENE), "--out", str(t / "out")], "'action'"
+
+
+def _narrow_actions(ds: Path) -> None:
+    """7 actions per frame in the data file, while info.json still says 8."""
+    for f in sorted((ds / "data").rglob("*.parquet")):
+        t = pq.read_table(f)
+        x = np.stack(t["action"].to_pylist()).astype(np.float32)[:, :7]
+        pq.write_table(t.set_column(t.column_names.index("action"), "action",
+                                    pa.FixedSizeListArray.from_arrays(pa.array(x.reshape(-1)), 7)), f)
+
+
+@case("flag")
+def convert_output_empty_string(t, s):  # an unset shell variable: not the working directory
+    return "comsim", ["convert", "--model", str(s / "micro"), "--input", str(s / "sim"), "--output", "",
+                      "--steps", "1"], "--output"
+
+
 # ----------------------------------------------------------------------------- the check
 
 
@@ -671,7 +1016,10 @@ def test_malformed_input_is_refused_cleanly(name, shared, tmp_path, capsys, monk
     before = snapshot(tmp_path, shared)
     capsys.readouterr()
     main = cli.main if prog == "comsim" else _script_main(prog)
-    rc = main(argv)
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse refuses flags itself (exit 2, usage and one error line)
+        rc = e.code
     err = capsys.readouterr().err
     assert rc == 2, f"exit code {rc}; stderr: {err[-2000:]}"
     lines = [ln for ln in err.splitlines() if ": error: " in ln]
@@ -683,8 +1031,8 @@ def test_malformed_input_is_refused_cleanly(name, shared, tmp_path, capsys, monk
 
 def test_enough_malformed_inputs_of_every_kind():
     kinds = {name.split(":")[0] for name in CASES}
-    assert len(CASES) >= 40 and kinds == {"scene", "task", "lab_cell", "experiment", "translator_config",
-                                          "translator_folder", "dataset", "calibration", "output"}
+    assert len(CASES) >= 100 and kinds == {"scene", "task", "lab_cell", "experiment", "translator_config",
+                                           "translator_folder", "dataset", "calibration", "output", "flag", "media"}
 
 
 # ----------------------------------------------------------------------------- library level

@@ -35,7 +35,6 @@ each transform, the segments, the attempt and the seed.
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -59,8 +58,9 @@ from comsim.factory.layout import SPLITS, EpisodeSetup, sample_setup
 from comsim.factory.program import TASKS_DIR, TaskProgram, load_program, task_in_scene
 from comsim.io.files import atomic_output, write_json
 from comsim.io.keys import CONTROLS
-from comsim.io.lerobot import DatasetWriter, LeRobotDataset
-from comsim.io.paths import OutputFolderError, check_output_path, claim_output
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset, check_resumable, dataset_complete, dataset_fingerprint
+from comsim.io.lock import output_lock
+from comsim.io.paths import check_output_path, claim_output
 from comsim.sim.ik import solve_ik
 from comsim.sim.motion import IK_TOLERANCE, symmetry_period
 
@@ -323,13 +323,10 @@ def _work(args) -> dict:
 
 
 def paired_hash(paired: Path) -> str:
-    """Identity of a paired dataset's content: its index files and aligned twin (no video decoded)."""
-    h = hashlib.sha256()
-    files = [paired / "meta" / "info.json", *sorted((paired / "meta" / "episodes").glob("chunk-*/file-*.parquet")),
-             paired / "twin_aligned.yaml"]
-    for f in files:
-        h.update(f.name.encode())
-        h.update(f.read_bytes() if f.is_file() else b"")
+    """Identity of a paired dataset's content: its episodes and its aligned twin."""
+    twin = paired / "twin_aligned.yaml"
+    h = hashlib.sha256(dataset_fingerprint(paired).encode())
+    h.update(twin.read_bytes() if twin.is_file() else b"")
     return h.hexdigest()[:16]
 
 
@@ -392,25 +389,26 @@ def generate_from_demos(paired: str | Path, episodes: int, out: str | Path, *, t
                   "seed": seed, "split": split, "only_success": True, "max_attempts": max_attempts,
                   "controls": list(controls), "fps": program.fps, "camera": program.camera,
                   "twin_spec_hash": sources.twin_hash, "sources": sources.describe()}
-        resuming = claim_output(out, HEADER_FILE, header, RESUME_KEYS, COMMAND, made="was generated")
-        if not resuming:
-            write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
-        with atomic_output(out / TASK_FILE) as dst:
-            shutil.copyfile(program.path, dst)
+        claim_output(out, HEADER_FILE, header, RESUME_KEYS, COMMAND, made="was generated")
+        check_resumable(out, episodes, "generate")
+        with output_lock(out, COMMAND):  # one writer per output; everything above wrote nothing
+            # again, now that no other writer can be at work: a run that made this folder meanwhile
+            resuming = claim_output(out, HEADER_FILE, header, RESUME_KEYS, COMMAND, made="was generated")
+            if not resuming:
+                write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
+            with atomic_output(out / TASK_FILE) as dst:
+                shutil.copyfile(program.path, dst)
+            return _generate(out, header, sources, episodes, workers, seed, split, max_attempts, controls, progress)
+
+
+def _generate(out: Path, header: dict, sources: Sources, episodes: int, workers: int, seed: int, split: str,
+              max_attempts: int, controls: tuple, progress: bool) -> dict:
+    """The writing part of ``generate_from_demos``, with the output locked and every input checked."""
     program_path = str((out / TASK_FILE).resolve())
     program = load_program(program_path)
     writer = DatasetWriter(out, program.fps, resume=True)
-    info = out / "meta" / "info.json"
-    if info.is_file():
-        total = json.loads(info.read_text())["total_episodes"]
-        if total != episodes:
-            raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
-                                    "appending is not supported, generate into a new folder")
+    if dataset_complete(out):  # finished before (with as many episodes: checked)
         return _report(out, header, workers, None)
-    beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
-    if beyond:
-        raise OutputFolderError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
-                                f"rerun with --episodes {max(beyond) + 1} or use a new folder")
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     jobs = [(str(out), i, seed, split, max_attempts, controls) for i in todo]
     t0 = time.perf_counter()

@@ -17,7 +17,6 @@ after closing) counts attempts, successes and failures by reason.
 """
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -29,11 +28,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from comsim.io.keys import CONTROLS
-from comsim.io.lerobot import DatasetWriter, LeRobotDataset, dataset_complete
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset, check_resumable, dataset_complete
 from comsim.io.files import atomic_output, write_json
+from comsim.episode import check_seed
 from comsim.errors import InputError
-from comsim.io.paths import OutputFolderError, check_output_path, claim_output
+from comsim.io.lock import output_lock
+from comsim.io.paths import check_output_path, claim_output
 from comsim.sim.spec import spec_hash
+from comsim.workers import exit_with_parent
 
 HEADER_FILE = "generation.json"
 REPORT_FILE = "generation_report.json"
@@ -90,10 +92,12 @@ def _work(args) -> dict:
             "attempts": 1 + len(extra["discarded_attempts"]), "frames": len(result.episode)}
 
 
-def _init_worker():
+def _init_worker(parent: int | None = None):
     # llvmpipe (software OpenGL) starts one render thread per core in every process; with one
     # worker per core they would fight. Must be set before the first GL context.
     os.environ.setdefault("LP_NUM_THREADS", "1")
+    if parent is not None:  # a worker ends with the process that started it (kill -9 included): a rerun
+        exit_with_parent(parent)  # never races one still staging an episode into the same folder
 
 
 def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int = 8):
@@ -131,6 +135,7 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
         raise InputError(None, "controls", f"some of {list(CONTROLS)}", bad)
+    check_seed(seed)
     _init_worker()
     out = check_output_path(out)
     claim_output(out, HEADER_FILE, None, (), "comsim generate")  # a foreign folder is refused before any work
@@ -143,28 +148,35 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
             load_scene_spec(scene)
             task = task_in_scene(task, scene, Path(tmp) / TASK_FILE)
         program = check_task(task, seed, split)
+        cam = program.scene.camera(program.camera)
+        if cam.width % 2 or cam.height % 2:  # else the first episode's video fails, after the run's files are made
+            raise InputError(scene or program.path, f"cameras ({cam.name}).width/height",
+                             "an even width and height (episodes are stored as H.264 video)", f"{cam.width}x{cam.height}")
         task_path = str((out / TASK_FILE).resolve() if scene is not None else program.path.resolve())
         header = {"command": "comsim generate", "task": program.name, "program": task_path,
                   "program_hash": program.hash, "seed": seed, "split": split, "only_success": only_success,
                   "max_attempts": max_attempts if only_success else 1, "controls": list(controls),
                   "fps": program.fps, "camera": program.camera, "twin_spec_hash": spec_hash(program.scene)}
-        resuming = claim_output(out, HEADER_FILE, header, RESUME_KEYS, "comsim generate", made="was generated")
-        if not resuming:
-            write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
-        if scene is not None:
-            with atomic_output(out / TASK_FILE) as dst:
-                shutil.copyfile(program.path, dst)
+        claim_output(out, HEADER_FILE, header, RESUME_KEYS, "comsim generate", made="was generated")
+        check_resumable(out, episodes, "generate")
+        with output_lock(out, "comsim generate"):  # one writer per output; everything above wrote nothing
+            return _generate(out, header, program, scene is not None, task_path, episodes, workers, seed, split,
+                             only_success, controls, progress)
+
+
+def _generate(out: Path, header: dict, program, retargeted: bool, task_path: str, episodes: int, workers: int,
+              seed: int, split: str, only_success: bool, controls: tuple, progress: bool) -> dict:
+    """The writing part of ``generate_dataset``, with the output locked and every input checked."""
+    # again, now that no other writer can be at work: a run that made this folder meanwhile
+    resuming = claim_output(out, HEADER_FILE, header, RESUME_KEYS, "comsim generate", made="was generated")
+    if not resuming:
+        write_json(header, out / HEADER_FILE)  # first file: it makes the folder this run's
+    if retargeted:
+        with atomic_output(out / TASK_FILE) as dst:
+            shutil.copyfile(program.path, dst)
     writer = DatasetWriter(out, program.fps, resume=True)
-    if dataset_complete(out):
-        total = json.loads((out / "meta" / "info.json").read_text())["total_episodes"]
-        if total != episodes:
-            raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
-                             "appending is not supported, generate into a new folder")
+    if dataset_complete(out):  # finished before (with as many episodes: checked)
         return write_report(out, header, workers, elapsed=None)
-    beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
-    if beyond:
-        raise OutputFolderError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
-                         f"rerun with --episodes {max(beyond) + 1} or use a new folder")
 
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     jobs = [(task_path, str(out), program.fps, i, seed, split, only_success, header["max_attempts"], controls)
@@ -176,7 +188,8 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
         results = map(_work, jobs)
         pool = None
     else:
-        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker)
+        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker,
+                                            initargs=(os.getpid(),))
         results = pool.imap_unordered(_work, jobs)
     try:
         for r in results:

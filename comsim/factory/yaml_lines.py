@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from comsim.config import ConfigError
+from comsim.config import ConfigError, read_config_text
 
 
 class LineDict(dict):
@@ -68,9 +68,7 @@ _LineLoader.add_constructor("tag:yaml.org,2002:seq", _seq)
 
 def load_with_lines(path: str | Path) -> LineDict:
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: file not found")
-    text = path.read_text()
+    text = read_config_text(path)
     loader = _LineLoader(text)  # a SafeLoader: standard tags only (tests/test_factory.py tries a python tag)
     try:
         data = loader.get_single_data()

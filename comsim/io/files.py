@@ -14,18 +14,32 @@ from pathlib import Path
 
 import numpy as np
 
+from comsim.errors import OutOfSpaceError, no_space
+
 
 def write_png(path, rgb: np.ndarray) -> Path:
     """uint8 (H, W, 3) RGB -> ``path`` (folders made), atomically: a reader never sees half a file."""
     import cv2
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.png")
-    if not cv2.imwrite(str(tmp), np.ascontiguousarray(rgb[..., ::-1])):
-        raise OSError(f"{path}: could not write the PNG")
-    os.replace(tmp, path)
-    return path
+    ok, png = cv2.imencode(".png", np.ascontiguousarray(rgb[..., ::-1]))
+    if not ok:
+        raise ValueError(f"{path}: could not encode the image as PNG ({rgb.dtype} {rgb.shape})")
+    with atomic_output(path) as tmp:  # written by Python, so a full disk is reported as one
+        tmp.write_bytes(png.tobytes())
+    return Path(path)
+
+
+@contextlib.contextmanager
+def out_of_space_is(what: str):
+    """A full disk or quota in the block (from Python, PyAV or Arrow) -> one OutOfSpaceError about ``what``
+    (the outermost ``what``: the episode or dataset, rather than a temporary file inside it)."""
+    try:
+        yield
+    except Exception as e:
+        if not no_space(e):
+            raise
+        raise OutOfSpaceError(f"{what}: no space left on device; what was finished is kept: free space, then "
+                              "rerun the same command to resume") from None
 
 
 @contextlib.contextmanager
@@ -33,16 +47,17 @@ def atomic_output(path: str | Path):
     """Yield a temporary path next to ``path``; on success fsync it and rename it over ``path``.
 
     A crash leaves either the old file or the new one, never a partial file (the
-    temporary is a dot-file that readers ignore)."""
+    temporary is a dot-file that readers ignore); a full disk leaves the old one and an OutOfSpaceError."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # No .parquet/.mp4 suffix: a leftover from a killed process must not match a reader's glob.
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with out_of_space_is(str(path)):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            yield tmp
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     finally:
         if tmp.exists():
             tmp.unlink()

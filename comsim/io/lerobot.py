@@ -41,7 +41,8 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import ComSimError, InputError
-from comsim.io.files import atomic_output, write_json
+from comsim.io.files import atomic_output, out_of_space_is, write_json
+from comsim.io.lock import is_lock_file
 from comsim.io import paths
 from comsim.io.video import (DEFAULT_CRF, DEFAULT_GOP, PIX_FMTS, concat_videos, read_video,
                              video_info, write_video)
@@ -230,6 +231,37 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
 # ----------------------------------------------------------------------------- writer
 
 
+def _staged(root: Path) -> dict[int, Path]:
+    staging = root / STAGING
+    if not staging.is_dir():
+        return {}
+    return {int(p.name.split("_")[1]): p for p in staging.iterdir() if p.is_dir() and p.name.startswith("episode_")}
+
+
+def _consolidated(root: Path) -> set[int]:
+    info = root / "meta" / "info.json"
+    return set(range(json.loads(info.read_text())["total_episodes"])) if info.is_file() else set()
+
+
+def finished_episodes(root: str | Path) -> set[int]:
+    """Episode indices safely on disk in ``root`` (staged, or in the closed dataset); touches nothing."""
+    return set(_staged(Path(root))) | _consolidated(Path(root))
+
+
+def check_resumable(root: str | Path, episodes: int, verb: str) -> None:
+    """A run of ``episodes`` episodes may resume in ``root``: a closed dataset there has that many, and no
+    episode beyond them is staged. Otherwise OutputFolderError (checked before the run writes anything)."""
+    root = Path(root)
+    done = _consolidated(root)
+    if done and len(done) != episodes:
+        raise paths.OutputFolderError(f"{root}: holds a finished dataset of {len(done)} episodes, asked for "
+                                      f"{episodes}; appending is not supported, {verb} into a new folder")
+    beyond = sorted(i for i in _staged(root) if i >= episodes)
+    if beyond:
+        raise paths.OutputFolderError(f"{root}: episodes {beyond} are already staged but --episodes is {episodes}; "
+                                      f"rerun with --episodes {max(beyond) + 1} or use a new folder")
+
+
 class DatasetWriter:
     """Write Episodes as a LeRobot v3.0 dataset; see the module docstring for the guarantees.
 
@@ -254,7 +286,7 @@ class DatasetWriter:
         self.staging = self.root / STAGING
         self.features: dict | None = None  # fixed by the first episode (or by staged ones)
         self._closed = False
-        if not resume and self.root.exists() and any(self.root.iterdir()):
+        if not resume and self.root.exists() and any(not is_lock_file(p.name) for p in self.root.iterdir()):
             raise DatasetError(f"{self.root}: folder is not empty (a dataset or a partial one is there); "
                                "pass resume=True to continue it, or choose an empty folder")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -262,19 +294,15 @@ class DatasetWriter:
 
     # -- what is on disk
     def _staged(self) -> dict[int, Path]:
-        if not self.staging.is_dir():
-            return {}
-        return {int(p.name.split("_")[1]): p for p in self.staging.iterdir()
-                if p.is_dir() and p.name.startswith("episode_")}
+        return _staged(self.root)
 
     def _consolidated(self) -> set[int]:
-        info = self.root / "meta" / "info.json"
-        return set(range(json.loads(info.read_text())["total_episodes"])) if info.is_file() else set()
+        return _consolidated(self.root)
 
     @property
     def finished_episodes(self) -> set[int]:
         """Episode indices that are safely on disk (staged or already consolidated)."""
-        return set(self._staged()) | self._consolidated()
+        return finished_episodes(self.root)
 
     # -- writing
     def add_episode(self, ep: Episode, episode_index: int | None = None) -> int:
@@ -320,35 +348,40 @@ class DatasetWriter:
 
         # Everything goes to a hidden temporary folder first; the rename below publishes it.
         tmp = self.staging / f".tmp-episode_{idx:06d}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)  # also creates .staging/
         try:
-            arrays = {k: _to_arrow(v) for k, v in cols.items()}
-            arrays["timestamp"] = pa.array((np.arange(T) / self.fps).astype(np.float32))
-            arrays["frame_index"] = pa.array(np.arange(T, dtype=np.int64))
-            pq.write_table(pa.table(arrays), tmp / "data.parquet", compression="snappy")
-            image_stats = {}
-            for cam in sorted(ep.frames):
-                key = IMAGE_PREFIX + cam
-                write_video(tmp / f"{key}.mp4", ep.frames[cam], self.fps, crf=self.crf, gop=self.gop,
-                            pix_fmt=self.pix_fmt)
-                image_stats[key] = _image_stats(ep.frames[cam]).state()
-            meta = {"episode_index": idx, "length": T, "fps": self.fps, "task": ep.task or ep.provenance.task,
-                    "success": None if ep.success is None else bool(ep.success),
-                    "provenance": ep.provenance.to_dict(), "features": feats, "image_stats": image_stats}
-            (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
-            for p in tmp.iterdir():
-                _fsync(p)
-            try:
-                os.rename(tmp, self.staging / f"episode_{idx:06d}")
-            except OSError as e:  # another process staged the same index meanwhile
-                raise DatasetError(f"{where} was staged concurrently by another writer") from e
-            _fsync(self.staging)
+            with out_of_space_is(f"{where}: staging it"):
+                self._stage(ep, idx, T, cols, feats, tmp, where)
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp)
         if self.features is None:
             self.features = feats
         return idx
+
+    def _stage(self, ep: Episode, idx: int, T: int, cols: dict, feats: dict, tmp: Path, where: str) -> None:
+        """Write episode ``idx`` into the hidden folder ``tmp``, then rename it into ``.staging``."""
+        tmp.mkdir(parents=True)  # also creates .staging/
+        arrays = {k: _to_arrow(v) for k, v in cols.items()}
+        arrays["timestamp"] = pa.array((np.arange(T) / self.fps).astype(np.float32))
+        arrays["frame_index"] = pa.array(np.arange(T, dtype=np.int64))
+        pq.write_table(pa.table(arrays), tmp / "data.parquet", compression="snappy")
+        image_stats = {}
+        for cam in sorted(ep.frames):
+            key = IMAGE_PREFIX + cam
+            write_video(tmp / f"{key}.mp4", ep.frames[cam], self.fps, crf=self.crf, gop=self.gop,
+                        pix_fmt=self.pix_fmt)
+            image_stats[key] = _image_stats(ep.frames[cam]).state()
+        meta = {"episode_index": idx, "length": T, "fps": self.fps, "task": ep.task or ep.provenance.task,
+                "success": None if ep.success is None else bool(ep.success),
+                "provenance": ep.provenance.to_dict(), "features": feats, "image_stats": image_stats}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1, default=str))
+        for p in tmp.iterdir():
+            _fsync(p)
+        try:
+            os.rename(tmp, self.staging / f"episode_{idx:06d}")
+        except OSError as e:  # another process staged the same index meanwhile
+            raise DatasetError(f"{where} was staged concurrently by another writer") from e
+        _fsync(self.staging)
 
     def __enter__(self) -> "DatasetWriter":
         return self
@@ -360,7 +393,12 @@ class DatasetWriter:
 
     def close(self) -> None:
         """Join all staged episodes (from every process) into the v3.0 files. Run it once,
-        after all writers have finished adding episodes."""
+        after all writers have finished adding episodes. On a full disk the staged episodes stay
+        (and no meta/info.json is written): a later close() with space finishes the job."""
+        with out_of_space_is(f"{self.root}: joining the staged episodes"):
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         staged = self._staged()
@@ -602,9 +640,11 @@ class LeRobotDataset:
             if not path.is_file():
                 raise DatasetError(f"{path}: data file not found (episodes {[e['episode_index'] for e in eps]})")
             try:
-                rows_in_file = pq.read_metadata(path).num_rows
+                meta = pq.read_metadata(path)
             except (pa.ArrowException, OSError) as e:
                 raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+            rows_in_file = meta.num_rows
+            self._check_columns(path, meta.schema.to_arrow_schema())
             expected = sum(e["length"] for e in eps)
             if rows_in_file != expected:
                 raise DatasetError(f"{path}: {rows_in_file} rows, but the episodes index puts "
@@ -622,6 +662,7 @@ class LeRobotDataset:
             have = video_info(path)["num_frames"]
             if 0 < have < n:  # 0 = the container does not say; checked when decoding
                 raise DatasetError(f"{path}: {have} video frames, but the episodes index needs {n}")
+        self._video_frames_needed = needed
         return rows
 
     def _load_v2(self) -> list[dict]:
@@ -648,7 +689,30 @@ class LeRobotDataset:
             for path in [r["data_path"], *(p for p, _ in r["videos"].values())]:
                 if not path.is_file():
                     raise DatasetError(f"{path}: file not found (episode {e})")
+            try:
+                self._check_columns(r["data_path"], pq.read_schema(r["data_path"]))
+            except (pa.ArrowException, OSError) as err:
+                raise DatasetError(f"{r['data_path']}: not a readable parquet file ({str(err).splitlines()[0]})") from None
+        self._video_frames_needed = {p: r["length"] for r in rows for p, _ in r["videos"].values()}
         return rows
+
+    def _check_columns(self, path: Path, schema: pa.Schema) -> None:
+        """The data file holds each numeric feature of info.json with its number of values per frame, so a
+        command that reads it all finds a mismatch when it opens the dataset, not half way through."""
+        for key, f in self.features.items():
+            if f["dtype"] in ("video", "image", "string") or key in DEFAULT_FEATURES:
+                continue
+            if key not in schema.names:
+                raise DatasetError(f"{path}: no column {key!r}, which meta/info.json lists as a feature")
+            t, n = schema.field(key).type, 1
+            while pa.types.is_fixed_size_list(t):
+                n, t = n * t.list_size, t.value_type
+            if pa.types.is_list(t) or pa.types.is_large_list(t):  # variable lists (foreign files): sizes unknown here
+                continue
+            want = int(np.prod(f.get("shape") or [1]))
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)) or n != want:
+                raise DatasetError(f"{path}: column {key!r} holds {n} {t} value(s) per frame; meta/info.json says "
+                                   f"dtype {f['dtype']} shape {f.get('shape')}")
 
     def _path(self, template: str, **fields) -> Path:
         """A file named by info.json's ``data_path`` / ``video_path`` template, kept inside the dataset."""
@@ -718,6 +782,17 @@ class LeRobotDataset:
         (cam,) = self._cameras([camera])
         path, first = self._row(i)["videos"][self._video_keys[cam]]
         return Path(path), int(first)
+    def check_videos(self) -> None:
+        """Decode every video file once: a file that is corrupt or ends early raises a DatasetError naming it
+        (opening the dataset reads only the headers). Commands that will read every frame call it before
+        they write anything."""
+        from comsim.io.video import count_frames
+
+        for path, n in self._video_frames_needed.items():
+            have = count_frames(path)
+            if have < n:
+                raise DatasetError(f"{path}: {have} decodable video frames, but the episodes index needs {n} "
+                                   "(the file is truncated or corrupt)")
 
     def read_window(self, i: int, start: int, length: int, cameras: list[str] | None = None) -> Episode:
         """Frames ``[start, start + length)`` of episode ``i`` as an Episode (timestamps kept

@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from comsim.errors import ComSimError, InputError
+from comsim.io.lock import is_lock_file
 
 _BAD_CHARS = re.compile(r"[/\\\x00-\x1f]")
 
@@ -61,6 +62,17 @@ def check_output_path(out: str | Path, field: str = "--out") -> Path:
     return out
 
 
+def check_output_file(path: str | Path, field: str = "--out") -> Path:
+    """``path`` may be written as a file: not a folder, and no file where a parent folder must be."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(path, field, "a file path for the output", "an existing folder")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise InputError(path, field, "a file path in a folder", f"{parent} is a file")
+    return path
+
+
 def claim_output(out: str | Path, manifest: str, header: dict | None, keys: tuple[str, ...], command: str,
                  field: str = "--out", error: type[ComSimError] = OutputFolderError, made: str = "was made") -> bool:
     """Check that ``out`` may be written by ``command``; True when resuming its own run.
@@ -72,8 +84,10 @@ def claim_output(out: str | Path, manifest: str, header: dict | None, keys: tupl
     checks only that the folder is new, empty or this command's (a cheap early check).
     """
     out = check_output_path(out, field)
-    # A manifest still being written by a parallel job of the same run (atomic_output's temporary).
-    entries = [p for p in out.iterdir() if not p.name.startswith(f".{manifest}.tmp-")] if out.exists() else []
+    # A manifest still being written by a parallel job of the same run (atomic_output's temporary), and
+    # the output lock (comsim/io/lock.py), are not content.
+    entries = [p for p in out.iterdir() if not p.name.startswith(f".{manifest}.tmp-") and not is_lock_file(p.name)] \
+        if out.exists() else []
     if not entries:
         return False
     path = out / manifest

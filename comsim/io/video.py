@@ -17,18 +17,38 @@ in a browser.
 """
 from __future__ import annotations
 
+import contextlib
 from fractions import Fraction
 from pathlib import Path
 
 import av
 import numpy as np
 
+from comsim.errors import ComSimError
 from comsim.io.files import atomic_output
-
 
 DEFAULT_CRF = 18  # visually lossless; lower crf barely helps (chroma subsampling dominates)
 DEFAULT_GOP = 10  # keyframe every 10 frames: a window read decodes at most 9 extra frames
 PIX_FMTS = ("yuv420p", "yuv444p")
+
+
+class VideoError(ComSimError, ValueError):
+    """A video file that FFmpeg cannot read: truncated, corrupt, or not a video at all."""
+
+
+@contextlib.contextmanager
+def open_video(path: Path):
+    """``av.open`` for reading, its video stream checked; FFmpeg's errors, at opening or while
+    decoding in the block, become one VideoError naming the file."""
+    try:
+        with av.open(str(path)) as c:
+            if not c.streams.video:
+                raise VideoError(f"{path}: expected a video stream, the file has none")
+            yield c
+    except av.error.FFmpegError as e:
+        why = getattr(e, "strerror", None) or str(e)
+        raise VideoError(f"{path}: not a readable video ({why}); the file is truncated, corrupt or not a "
+                         "video") from None
 
 
 def _fps_fraction(fps: float) -> Fraction:
@@ -85,7 +105,7 @@ def concat_videos(inputs: list[str | Path], path: str | Path, fps: float) -> lis
             for src in inputs:
                 if not Path(src).is_file():
                     raise FileNotFoundError(f"{src}: video file not found")
-                with av.open(str(src)) as inp:
+                with open_video(Path(src)) as inp:
                     ist = inp.streams.video[0]
                     cc = ist.codec_context
                     # Packets of one file are only valid in another if the decoder set-up
@@ -116,11 +136,20 @@ def video_info(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: video file not found")
-    with av.open(str(path)) as c:
+    with open_video(path) as c:
         s = c.streams.video[0]
         return {"width": s.codec_context.width, "height": s.codec_context.height,
                 "fps": float(s.average_rate or s.base_rate or 0), "num_frames": s.frames,
                 "codec": s.codec_context.name, "pix_fmt": s.codec_context.pix_fmt}
+
+
+def count_frames(path: str | Path) -> int:
+    """Frames that decode, start to end: a corrupt file raises VideoError, a truncated one counts short."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: video file not found")
+    with open_video(path) as c:
+        return sum(1 for _ in c.decode(c.streams.video[0]))
 
 
 def read_video(path: str | Path, start_frame: int = 0, num_frames: int | None = None,
@@ -138,7 +167,7 @@ def read_video(path: str | Path, start_frame: int = 0, num_frames: int | None = 
     if start_frame < 0 or (num_frames is not None and num_frames < 0):
         raise ValueError(f"{path}: bad frame range start={start_frame} num={num_frames}")
     out: list[np.ndarray] = []
-    with av.open(str(path)) as c:
+    with open_video(path) as c:
         s = c.streams.video[0]
         empty = np.zeros((0, s.codec_context.height, s.codec_context.width, 3), np.uint8)
         if num_frames == 0:
@@ -160,7 +189,7 @@ def read_video(path: str | Path, start_frame: int = 0, num_frames: int | None = 
 
 def _read_linear(path: Path, start_frame: int, num_frames: int | None, rate: Fraction) -> np.ndarray:
     out = []
-    with av.open(str(path)) as c:
+    with open_video(path) as c:
         s = c.streams.video[0]
         empty = np.zeros((0, s.codec_context.height, s.codec_context.width, 3), np.uint8)
         for frame in c.decode(s):

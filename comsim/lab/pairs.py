@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from comsim.config import PANDA_CELL, PANDA_PUSH_CELL
+from comsim.errors import InputError
 from comsim.io.files import write_json
 from comsim.io.keys import sim_key
 
@@ -57,6 +58,9 @@ def make_lab_pairs(out, tasks: dict[str, int], seed: int = 0, mode: str = "physi
     from comsim.lab.record import record_dataset
     from comsim.lab.twin_truth import replay_and_score
 
+    bad = {t: n for t, n in tasks.items() if isinstance(n, bool) or not isinstance(n, int) or n < 0}
+    if bad or not any(tasks.values()):
+        raise InputError(None, "--push/--stack", "episode counts >= 0, not all 0", tasks)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paired, timings = [], {}

@@ -13,7 +13,6 @@ staged episodes, which a rerun with the same arguments keeps. ``lab_truth.json``
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +20,11 @@ from tqdm.auto import tqdm
 
 from comsim.episode import Episode, Provenance
 from comsim.errors import InputError
+from comsim.episode import check_seed
 from comsim.io.files import write_json
-from comsim.io.lerobot import DatasetWriter, dataset_complete
-from comsim.io.paths import OutputFolderError, claim_output
+from comsim.io.lerobot import DatasetWriter, check_resumable, dataset_complete
+from comsim.io.lock import output_lock
+from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.lab.cell import LabCell, load_lab_cell
 from comsim.lab.env import OPERATOR_STREAM, LabEnv
 from comsim.lab.stills import CALIBRATION_DIR, DONE_FILE as STILLS_DONE, record_calibration_stills
@@ -92,24 +93,30 @@ def record_dataset(task: str, episodes: int, out: str | Path, seed: int = 0,
         raise InputError(None, "episodes", "at least 1", episodes)
     if fps is not None and (isinstance(fps, bool) or not isinstance(fps, int) or fps < 1):
         raise InputError(None, "--fps", "a positive whole number of frames/s", fps)
+    if isinstance(calibration_stills, bool) or not isinstance(calibration_stills, int) or calibration_stills < 0:
+        raise InputError(None, "--calibration-stills", "a whole number >= 0 (0: none)", calibration_stills)
+    check_seed(seed)
     fps = int(fps or cell.fps)
-    out = Path(out)
+    out = check_output_path(out)
     header = {"command": "comsim lab record", **truth_header(cell, task_obj, seed, fps)}
     # Only a new or empty folder, or this recording's own (lab_truth.json with the same settings):
     # resuming rewrites OUT/calibration, which must never be a user's folder.
-    claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded")
-    writer = DatasetWriter(out, fps, resume=resume)  # without resume: refuses a non-empty folder
-    if dataset_complete(out):  # closed before
-        total = json.loads((out / "meta" / "info.json").read_text())["total_episodes"]
-        if total != episodes:
-            raise OutputFolderError(f"{out}: holds a finished dataset of {total} episodes, asked for {episodes}; "
-                             "appending is not supported, record into a new folder")
+    if claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded") and not resume:
+        raise OutputFolderError(f"{out}: holds an interrupted recording with these settings; rerun without "
+                                "--no-resume to continue it, or choose an empty folder")
+    check_resumable(out, episodes, "record")
+    with output_lock(out, "comsim lab record"):  # one writer per output; everything above wrote nothing
+        claim_output(out, TRUTH_FILE, header, RESUME_KEYS, "comsim lab record", made="was recorded")  # meanwhile?
+        return _record(cell, task, episodes, out, seed, fps, header, calibration_stills)
+
+
+def _record(cell: LabCell, task: str, episodes: int, out: Path, seed: int, fps: int, header: dict,
+            calibration_stills: int) -> Path:
+    """The writing part of ``record_dataset``, with the output locked and every input checked."""
+    writer = DatasetWriter(out, fps, resume=True)
+    if dataset_complete(out):  # closed before (with as many episodes: checked)
         _write_final_truth(out, header, episodes)
         return out
-    beyond = sorted(i for i in writer.finished_episodes if i >= episodes)
-    if beyond:
-        raise OutputFolderError(f"{out}: episodes {beyond} are already staged but --episodes is {episodes}; "
-                         f"rerun with --episodes {max(beyond) + 1} or use a new folder")
 
     write_json(header, out / TRUTH_FILE)  # first: it makes the folder this recording's
     write_json(camera_intrinsics(cell), out / INTRINSICS_FILE)

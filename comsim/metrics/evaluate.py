@@ -14,15 +14,16 @@ Protocols: see ``frame.py`` (PSNR, SSIM, LPIPS), ``frechet.py`` (FID, FVD), ``cl
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-
+import contextlib
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from comsim.errors import InputError
 from comsim.io.keys import seen_cameras
 from comsim.io.lerobot import dataset_complete
 from comsim.metrics import frame as fm
@@ -97,7 +98,11 @@ class Mp4FolderSource(VideoSource):
     kind = "mp4"
 
     def __init__(self, path: Path, files: list[Path]):
+        from comsim.io.video import video_info
+
         self.path, self.files = path, files
+        for f in files:  # a truncated or corrupt file is named now, before any metric runs
+            video_info(f)
 
     def __len__(self):
         return len(self.files)
@@ -113,18 +118,35 @@ class FrameFolderSource(VideoSource):
 
     def __init__(self, path: Path, episodes: list[list[Path]]):
         self.path, self.episodes = path, episodes
+        for frames in episodes:  # headers only: a file that is no image is named now, before any metric runs
+            for p in frames:
+                with _image(p):
+                    pass
 
     def __len__(self):
         return len(self.episodes)
 
     def frames(self, i):
-        from PIL import Image
-
-        frames = [np.asarray(Image.open(p).convert("RGB")) for p in self.episodes[i]]
+        frames = []
+        for p in self.episodes[i]:
+            with _image(p) as im:
+                frames.append(np.asarray(im.convert("RGB")))
         shapes = {f.shape for f in frames}
         if len(shapes) > 1:
             raise ValueError(f"{self.episodes[i][0].parent}: frames differ in size {sorted(shapes)}")
         return np.stack(frames)
+
+
+@contextlib.contextmanager
+def _image(path: Path):
+    """PIL's image at ``path``; a file PIL cannot read (truncated, not an image) is an InputError naming it."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            yield im
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise InputError(path, None, "a readable image (PNG, JPEG, ...)", f"{type(e).__name__}: {e}") from None
 
 
 def _images(folder: Path) -> list[Path]:
@@ -199,6 +221,8 @@ def evaluate_video(pred: str | Path, ref: str | Path, options: EvalOptions | Non
         raise ValueError(f"metrics: unknown {sorted(unknown)}; choose from {list(METRICS)}")
     if o.fid_frame_stride < 1:
         raise ValueError(f"fid_frame_stride must be >= 1, got {o.fid_frame_stride}")
+    if o.max_episodes is not None and o.max_episodes < 1:
+        raise InputError(None, "max_episodes", "at least 1 (or none: every episode)", o.max_episodes)
     ps, rs = open_video_source(pred, o.camera), open_video_source(ref, o.camera)
     n = min(len(ps), len(rs))
     if o.max_episodes is not None:

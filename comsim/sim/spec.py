@@ -27,6 +27,7 @@ from comsim.sim.camera import as_K, as_rigid  # camera.py owns the camera maths
 
 PANDA_HOME = [0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785]
 BUILTIN_ROBOTS = ("panda",)
+MAX_CAMERA_PX = 8192  # a side of a rendered image: OpenGL offscreen framebuffers stop at 8-16k
 
 
 @dataclass
@@ -285,6 +286,8 @@ def validate_scene_spec(spec: SceneSpec, where: str = "scene") -> None:
             fail(f"{key}.name", f"expected {e.expected}, got {c.name!r}")
         if c.width <= 0 or c.height <= 0:
             fail(key, f"width and height must be positive, got {c.width}x{c.height}")
+        if max(c.width, c.height) > MAX_CAMERA_PX:  # beyond what an offscreen OpenGL framebuffer holds
+            fail(key, f"width and height must be at most {MAX_CAMERA_PX} pixels, got {c.width}x{c.height}")
         try:
             as_K(c.K)
         except ValueError as e:

@@ -82,7 +82,12 @@ class DiffusersVAECodec:
             cls = getattr(diffusers, vae_class, None)
             if cls is None:
                 raise ValueError(f"codec.vae_class={vae_class!r} is not a diffusers class")
-            vae = cls.from_pretrained(pretrained, subfolder=subfolder)
+            try:
+                vae = cls.from_pretrained(pretrained, subfolder=subfolder)
+            except (OSError, ValueError) as e:  # no such folder, no network for a hub id, a broken config
+                first = (str(e).strip().splitlines() or [""])[0][:300]
+                raise CodecError(f"codec.pretrained={pretrained!r}: the {vae_class} does not load ({first}); expected "
+                                 "a diffusers VAE folder, or a hub id with the hub reachable") from None
         self.vae = vae.eval().requires_grad_(False)
         cfg = self.vae.config
         self.is_video = vae_class in VIDEO_VAE_CLASSES

@@ -178,6 +178,13 @@ class PairedWindowDataset(torch.utils.data.Dataset):
         self.camera, self.num_frames, self.resolution = camera, num_frames, tuple(resolution)
         self.controls = tuple(controls)
         self.keys = [camera, sim_key(camera)] + [control_key(camera, c) for c in self.controls]
+        for ds in self.sources:
+            missing = [k for k in self.keys if k not in getattr(ds, "camera_keys", self.keys)]
+            if missing:  # a sim-only or real-only dataset is not a pair
+                from comsim.io.lerobot import DatasetError
+
+                raise DatasetError(f"{getattr(ds, 'root', 'in-memory episodes')}/meta/info.json: expected the paired cameras {self.keys} (data.camera "
+                                   f"{camera!r}, data.controls {list(self.controls)}), the dataset has {ds.camera_keys}")
         if normalizer is None:
             normalizer = ActionNormalizer.pooled([_source_stats(s) for s in self.sources])
         self.normalizer = normalizer
@@ -191,7 +198,11 @@ class PairedWindowDataset(torch.utils.data.Dataset):
                 continue  # too short for one window
             self.index += [(s, e, t) for t in range(0, L - num_frames + 1, stride)]
         if not self.index:
-            raise ValueError(f"no episode is at least num_frames={num_frames} frames long")
+            from comsim.errors import InputError
+
+            where = [str(getattr(ds, "root", "in-memory episodes")) for ds in self.sources]
+            raise InputError(", ".join(where), "data.num_frames", f"episodes of at least {num_frames} frames",
+                             "none as long")
 
     @property
     def sim_channels(self) -> int:

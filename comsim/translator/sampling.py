@@ -11,9 +11,15 @@ recorded in a conversion's header and in every pseudo-real episode's provenance.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from comsim.config import ConfigError
+
+
+# the `comsim convert` flag of each field, named in errors beside the config key
+FLAGS = {"num_steps": "--steps", "w_action": "--w-action", "w_sim": "--w-sim", "overlap": "--overlap",
+         "strength": "--strength"}
 
 
 @dataclass
@@ -27,18 +33,22 @@ class SamplingParams:
     def __post_init__(self):
         for name in ("w_action", "w_sim", "strength"):
             v = getattr(self, name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                raise ConfigError(f"sampling.{name}: expected a number, got {v!r}")
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+                # NaN guidance would write NaN frames as pseudo-real
+                raise ConfigError(f"sampling.{name} ({FLAGS[name]}): expected a finite number, got {v!r}")
             if v is not None:
                 setattr(self, name, float(v))
         if self.num_steps is not None and (isinstance(self.num_steps, bool) or int(self.num_steps) != self.num_steps
                                            or self.num_steps < 1):
-            raise ConfigError(f"sampling.num_steps: expected an integer >= 1, got {self.num_steps!r}")
+            raise ConfigError(f"sampling.num_steps ({FLAGS['num_steps']}): expected an integer >= 1, "
+                              f"got {self.num_steps!r}")
         if not 0.0 < self.strength <= 1.0:
-            raise ConfigError(f"sampling.strength: expected a number in (0, 1], got {self.strength!r}")
+            raise ConfigError(f"sampling.strength ({FLAGS['strength']}): expected a number in (0, 1], "
+                              f"got {self.strength!r}")
         if self.overlap is not None and (isinstance(self.overlap, bool) or int(self.overlap) != self.overlap
                                          or self.overlap < 1):
-            raise ConfigError(f"sampling.overlap: expected an integer >= 1 or null, got {self.overlap!r}")
+            raise ConfigError(f"sampling.overlap ({FLAGS['overlap']}): expected an integer >= 1 or null, "
+                              f"got {self.overlap!r}")
         self.num_steps = None if self.num_steps is None else int(self.num_steps)
         self.overlap = None if self.overlap is None else int(self.overlap)
 

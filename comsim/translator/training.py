@@ -26,7 +26,10 @@ import torch.nn.functional as F
 
 from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode, resize_frames
+from comsim.io.files import write_json
 from comsim.io.keys import control_key, sim_key
+from comsim.io.lock import output_lock
+from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.io.video import write_video
 from comsim.memory import keep_freed_memory
 from comsim.metrics.frame import mean_psnr
@@ -39,6 +42,8 @@ from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeli
 
 
 LOSS_TARGETS = ("velocity", "sample")
+TRAIN_COMMAND = "train_translator"
+MANIFEST = "training.json"  # output_dir's ownership manifest (comsim.io.paths.claim_output)
 
 
 # -- config ---------------------------------------------------------------------------------
@@ -155,6 +160,7 @@ class TranslatorConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self):
+        self._check_ranges()
         t = self.train
         for name in ("p_drop_action", "p_drop_sim"):
             if not 0.0 <= getattr(t, name) < 1.0:
@@ -197,6 +203,64 @@ class TranslatorConfig:
         if ov is not None and not 0 < ov < self.data.num_frames:
             raise ValueError(f"sampling.overlap must be in [1, data.num_frames={self.data.num_frames}) frames "
                              f"(or null: half a window), got {ov}")
+
+
+    def _check_ranges(self) -> None:
+        """Every number in its range, before anything is built or written (a zero step count or a negative
+        learning rate would otherwise fail deep in torch or diffusers, or train silently into nonsense)."""
+        from diffusers.optimization import SchedulerType
+
+        m, c, d, t, s = self.model, self.codec, self.data, self.train, self.sampling
+
+        def whole(v, low):
+            return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+        checks = [
+            ("model.dim", m.dim, whole(m.dim, 1), "an integer >= 1"),
+            ("model.depth", m.depth, whole(m.depth, 1), "an integer >= 1"),
+            ("model.heads", m.heads, whole(m.heads, 1), "an integer >= 1"),
+            ("model.dim", m.dim, m.dim % max(m.heads, 1) == 0 and (m.dim // max(m.heads, 1)) % 2 == 0
+             and m.dim // max(m.heads, 1) >= 8, f"model.heads={m.heads} heads of an even size >= 8 (rotary embedding)"),
+            ("model.mlp_ratio", m.mlp_ratio, m.mlp_ratio > 0, "a number > 0"),
+            ("model.patch_size", list(m.patch_size), all(whole(v, 1) for v in m.patch_size), "3 integers >= 1"),
+            ("model.action_fourier", m.action_fourier, whole(m.action_fourier, 0), "an integer >= 0"),
+            ("model.plate_tolerance", m.plate_tolerance, m.plate_tolerance >= 0, "a number >= 0"),
+            ("model.plate_frames", m.plate_frames, whole(m.plate_frames, 1), "an integer >= 1"),
+            ("codec.frames_per_batch", c.frames_per_batch, whole(c.frames_per_batch, 1), "an integer >= 1"),
+            ("data.num_frames", d.num_frames, whole(d.num_frames, 1), "an integer >= 1"),
+            ("data.resolution", list(d.resolution), all(whole(v, 1) for v in d.resolution), "[height, width] >= 1"),
+            ("data.val_episodes", d.val_episodes, whole(d.val_episodes, 0), "an integer >= 0"),
+            ("data.stride", d.stride, whole(d.stride, 1), "an integer >= 1"),
+            ("data.num_workers", d.num_workers, whole(d.num_workers, 0), "an integer >= 0"),
+            ("data.synthetic.episodes", d.synthetic.episodes, whole(d.synthetic.episodes, 1), "an integer >= 1"),
+            ("data.synthetic.length", d.synthetic.length, whole(d.synthetic.length, 1), "an integer >= 1"),
+            ("data.synthetic.size", d.synthetic.size, whole(d.synthetic.size, 1), "an integer >= 1"),
+            ("train.seed", t.seed, whole(t.seed, 0), "an integer >= 0"),
+            ("train.batch_size", t.batch_size, whole(t.batch_size, 1), "an integer >= 1"),
+            ("train.gradient_accumulation_steps", t.gradient_accumulation_steps,
+             whole(t.gradient_accumulation_steps, 1), "an integer >= 1"),
+            ("train.max_steps", t.max_steps, whole(t.max_steps, 1), "an integer >= 1"),
+            ("train.learning_rate", t.learning_rate, t.learning_rate > 0, "a number > 0"),
+            ("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "a number >= 0"),
+            ("train.adam_betas", list(t.adam_betas), all(0 <= b < 1 for b in t.adam_betas), "2 numbers in [0, 1)"),
+            ("train.lr_scheduler", t.lr_scheduler, t.lr_scheduler in [x.value for x in SchedulerType],
+             f"one of {[x.value for x in SchedulerType]}"),
+            ("train.warmup_steps", t.warmup_steps, whole(t.warmup_steps, 0), "an integer >= 0"),
+            ("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0, "a number >= 0 (0: no clipping)"),
+            ("train.logit_normal_std", t.logit_normal_std, t.logit_normal_std > 0, "a number > 0"),
+            ("train.ema_decay", t.ema_decay, 0 <= t.ema_decay <= 1, "a number in [0, 1]"),
+            ("train.checkpointing_steps", t.checkpointing_steps, whole(t.checkpointing_steps, 1), "an integer >= 1"),
+            ("train.checkpoints_total_limit", t.checkpoints_total_limit,
+             t.checkpoints_total_limit is None or whole(t.checkpoints_total_limit, 1), "an integer >= 1, or null"),
+            ("train.validation_steps", t.validation_steps, whole(t.validation_steps, 1), "an integer >= 1"),
+            ("train.validation_clips", t.validation_clips, whole(t.validation_clips, 0), "an integer >= 0"),
+            ("train.log_steps", t.log_steps, whole(t.log_steps, 1), "an integer >= 1"),
+            ("sampling.num_steps", s.num_steps, whole(s.num_steps, 1), "an integer >= 1"),
+            ("sampling.shift", s.shift, s.shift > 0, "a number > 0"),
+        ]
+        for name, value, ok, expected in checks:
+            if not ok:
+                raise ConfigError(f"{name}: expected {expected}, got {value!r}")
 
 
 def load_train_config(path: str | Path, overrides: list[str] | None = None) -> TranslatorConfig:
@@ -294,6 +358,9 @@ def build_datasets(cfg: TranslatorConfig, sources=None):
                                                    and isinstance(sources[0], Episode))
         sources = [preload_source(s, keys, d.resolution) for s in ([sources] if one else sources)]
     probe = PairedWindowDataset(sources, d.camera, d.num_frames, d.resolution, stride=d.stride, controls=d.controls)
+    for s in probe.sources:  # every window is read over and over: a corrupt video is named before training
+        if hasattr(s, "check_videos"):
+            s.check_videos()
     sizes = [len(s) for s in probe.sources]
     train_eps, val_eps = split_episodes(sizes, d.val_episodes)
     train = PairedWindowDataset(probe.sources, d.camera, d.num_frames, d.resolution, probe.normalizer, train_eps,
@@ -418,13 +485,36 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 # -- the loop ---------------------------------------------------------------------------------
+def check_output_dir(cfg: TranslatorConfig, resume_from_checkpoint: str | None) -> None:
+    """``train.output_dir`` may take this run: new or empty, or a training run's own (its ownership manifest
+    training.json, or the translator_config.json every run writes), and holding checkpoints only when
+    resuming from one (whose architecture ``check_checkpoint_config`` then compares)."""
+    out = check_output_path(cfg.train.output_dir, "train.output_dir")
+    if not (out / "translator_config.json").is_file():
+        claim_output(out, MANIFEST, None, (), TRAIN_COMMAND, "train.output_dir")
+    done = sorted(out.glob("checkpoint-*"))
+    if done and not resume_from_checkpoint:
+        raise OutputFolderError(f"{out}: train.output_dir: holds the checkpoints of a run ({', '.join(p.name for p in done)}); "
+                                "continue it with --resume_from_checkpoint latest, or choose a new train.output_dir")
+
+
 def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop_at_step: int | None = None,
           sources=None) -> Path | None:
     """Train; returns ``output_dir/final`` (a TranslatorPipeline folder) or None if stopped early.
 
     ``stop_at_step`` stops right after that step's checkpoint as if killed (no final save).
     ``sources`` overrides cfg.data.paths (e.g. in-memory Episode lists).
+
+    Everything is checked (the config, ``output_dir``, the checkpoint, the data, the model) before the first
+    file is written; the main process holds ``output_dir``'s lock from then on (comsim/io/lock.py).
     """
+    check_output_dir(cfg, resume_from_checkpoint)
+    with contextlib.ExitStack() as held:
+        return _train(cfg, resume_from_checkpoint, stop_at_step, sources, held)
+
+
+def _train(cfg: TranslatorConfig, resume_from_checkpoint: str | None, stop_at_step: int | None, sources,
+           held: contextlib.ExitStack) -> Path | None:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
     from diffusers.optimization import get_scheduler
@@ -457,9 +547,12 @@ def train(cfg: TranslatorConfig, resume_from_checkpoint: str | None = None, stop
             accelerator.print(f"object colour maps: fit on the training pairs' object pixels {fitted['object_pixels']}")
     fps = float(getattr(train_ds.sources[0], "fps", 10.0))
     cfg_json = json.loads(json.dumps(to_dict(cfg)))
-    if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "translator_config.json").write_text(json.dumps(cfg_json, indent=2))
+    if accelerator.is_main_process:  # the first write: one writer per output_dir from here on
+        held.enter_context(output_lock(out, TRAIN_COMMAND))
+        check_output_dir(cfg, resume_from_checkpoint)  # again: a run that took the folder meanwhile
+        if not (out / MANIFEST).is_file():
+            write_json({"command": TRAIN_COMMAND, "config": cfg_json}, out / MANIFEST)
+        write_json(cfg_json, out / "translator_config.json")
         n_params = sum(p.numel() for p in model.parameters())
         print(f"translator: {n_params / 1e6:.2f}M parameters, {len(train_ds)} training windows, "
               f"{world} process(es), mixed_precision={mp}", flush=True)
@@ -603,8 +696,6 @@ class TrainSummary:
                    [v for v in old.get("validation", []) if v["step"] <= step])
 
     def write(self, out: Path, step: int) -> None:
-        from comsim.io.files import write_json
-
         c = self.cfg
         write_json({
             "steps_planned": self.steps_planned, "steps_done": step, "stopped_early": step < self.steps_planned,

@@ -20,7 +20,6 @@ later stage is pinhole. Every error names the file that is wrong.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import cv2
 import numpy as np
 
 from comsim.errors import ComSimError
+from comsim.io.files import read_json_object
 from comsim.sim.camera import as_K, as_rigid
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg")
@@ -79,11 +79,18 @@ def check_K_fits(K, width: int, height: int, where: str) -> np.ndarray:
     return k
 
 
-def read_joints(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_numbers(path: Path) -> np.ndarray:
+    """A whitespace-separated table of numbers (K.txt, dist.txt, qpos/*.txt); anything else is a
+    CalibrationDataError naming the file."""
     try:
-        q = np.loadtxt(path, dtype=np.float64).reshape(-1)
-    except ValueError as e:
-        raise CalibrationDataError(f"{path}: not a list of numbers ({e})") from None
+        return np.loadtxt(path, dtype=np.float64, ndmin=1)
+    except (ValueError, UnicodeDecodeError) as e:
+        first = (str(e).splitlines() or [""])[0]
+        raise CalibrationDataError(f"{path}: expected whitespace-separated numbers ({first})") from None
+
+
+def read_joints(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    q = read_numbers(path).reshape(-1)
     if len(q) not in (7, 9):
         raise CalibrationDataError(f"{path}: expected 7 arm joint angles (+ 2 finger positions), got {len(q)} numbers")
     if not np.all(np.isfinite(q)):
@@ -95,23 +102,30 @@ def _intrinsics(folder: Path, width: int, height: int) -> tuple[np.ndarray, np.n
     js, ktxt, board = folder / "camera_intrinsics.json", folder / "K.txt", folder / "checkerboard"
     dist = None
     if js.is_file():
-        d = json.loads(js.read_text())
+        d = read_json_object(js, CalibrationDataError, "a JSON object with K (and width, height, dist)")
         if "K" not in d:
             raise CalibrationDataError(f"{js}: missing field 'K'")
         if "width" in d and (d["width"], d["height"]) != (width, height):
             raise CalibrationDataError(f"{js}: intrinsics are for {d['width']}x{d['height']}, "
                                        f"the frames are {width}x{height}")
         K, where = d["K"], str(js)
-        dist = np.asarray(d.get("dist") or [], np.float64) if d.get("dist") is not None else None
+        try:
+            dist = np.asarray(d.get("dist") or [], np.float64).reshape(-1) if d.get("dist") is not None else None
+        except (TypeError, ValueError):
+            raise CalibrationDataError(f"{js}: dist: expected a list of numbers, got {d['dist']!r}") from None
     elif ktxt.is_file():
-        K, where = np.loadtxt(ktxt), str(ktxt)
+        K, where = read_numbers(ktxt), str(ktxt)
     elif board.is_dir():
         K, dist = intrinsics_from_checkerboard(board)
         where = str(board)
     else:
         raise CalibrationDataError(f"{ktxt}: file not found (nor camera_intrinsics.json, nor checkerboard/)")
     if (folder / "dist.txt").is_file():
-        dist = np.loadtxt(folder / "dist.txt").reshape(-1)
+        dist = read_numbers(folder / "dist.txt").reshape(-1)
+    if dist is not None and (len(dist) not in (0, 4, 5, 8, 12, 14) or not np.all(np.isfinite(dist))):
+        src = folder / "dist.txt" if (folder / "dist.txt").is_file() else js
+        raise CalibrationDataError(f"{src}: dist: expected 4, 5, 8, 12 or 14 finite OpenCV distortion coefficients, "
+                                   f"got {dist.tolist()}")
     K = check_K_fits(K, width, height, where)
     if dist is not None and (len(dist) == 0 or not np.any(dist)):
         dist = None
@@ -183,7 +197,7 @@ def load_calibration_folder(folder: str | Path) -> CalibrationFrames:
     tpath = folder / "init_T_cam_from_base.txt"
     if tpath.is_file():
         try:
-            init_T = as_rigid(np.loadtxt(tpath))
+            init_T = as_rigid(read_numbers(tpath))
         except ValueError as e:
             raise CalibrationDataError(f"{tpath}: {e}") from None
     return CalibrationFrames(names=names, images=np.stack(images), masks=np.stack(masks), joints=np.stack(joints),
@@ -202,12 +216,20 @@ def intrinsics_from_checkerboard(folder, inner_corners=None, square_size_m=None)
     if inner_corners is None or square_size_m is None:
         if not meta.is_file():
             raise CalibrationDataError(f"{meta}: file not found (inner_corners and square_size_m of the board)")
-        b = json.loads(meta.read_text())
+        b = read_json_object(meta, CalibrationDataError, "a JSON object with inner_corners and square_size_m")
         try:
             inner_corners, square_size_m = b["inner_corners"], b["square_size_m"]
         except KeyError as e:
             raise CalibrationDataError(f"{meta}: missing field {e}") from None
-    cols, rows = (int(v) for v in inner_corners)
+    try:
+        cols, rows = (int(v) for v in inner_corners)
+        square_size_m = float(square_size_m)
+    except (TypeError, ValueError):
+        raise CalibrationDataError(f"{meta}: expected inner_corners [cols, rows] and square_size_m in metres, got "
+                                   f"{inner_corners!r}, {square_size_m!r}") from None
+    if cols < 2 or rows < 2 or not np.isfinite(square_size_m) or square_size_m <= 0:
+        raise CalibrationDataError(f"{meta}: expected at least 2x2 inner corners and a square size > 0 m, got "
+                                   f"{inner_corners!r}, {square_size_m!r}")
     grid = np.zeros((cols * rows, 3), np.float32)
     grid[:, :2] = np.mgrid[0:cols, 0:rows].T.reshape(-1, 2) * float(square_size_m)
     obj, img, size = [], [], None

@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 
 from comsim.episode import SOURCES, Episode, Provenance
 from comsim.errors import InputError
-from comsim.io.keys import depth_key, normal_key, seg_key, sim_key
+from comsim.io.keys import CONTROLS, depth_key, normal_key, seg_key, sim_key
 from comsim.io.lerobot import DatasetError, DatasetWriter, LeRobotDataset, dataset_complete
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import yaw_quat
@@ -58,6 +58,7 @@ from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.localize import EvidenceMaps, background_shift, localize_objects, object_px
 from comsim.io.files import atomic_output, write_json
+from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
 from comsim.twin.selfcheck import (CAMERA_SHIFT_MIN_PX, ON_UNRELIABLE, SHIFT_MIN_RESPONSE, UnreliableTwinError,
                                    check_alignment, episode_verdict, log_self_check, object_residual,
@@ -311,12 +312,24 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
         raise InputError(None, "on_unreliable", f"one of {ON_UNRELIABLE}", on_unreliable)
     if workers < 1:
         raise InputError(None, "workers", "at least 1", workers)
+    unknown = [c for c in channels if c not in CONTROLS]
+    if unknown:
+        raise InputError(None, "--channels", f"some of {list(CONTROLS)}", unknown)
     real, out = Path(real), Path(out)
     if is_inside(out, real) or is_inside(real, out):
         raise InputError(out, "--out", f"a folder outside --real {real}", "the same folder or one inside the other")
     spec = twin if isinstance(twin, SceneSpec) else load_scene_spec(twin)
     ds = LeRobotDataset(real)
+    camera_key(ds, camera)
+    for name in ("observation.state", "action"):  # every episode's, before the alignment is spent and written
+        shape = ds.features.get(name, {}).get("shape", [0])
+        if int(np.prod(shape)) < 8:
+            raise DatasetError(f"{ds.root}/meta/info.json: {name}: expected 7 joints + gripper (8 values), "
+                               f"got shape {shape}")
     ds.check_finite()  # NaN states would replay into NaN twin states and be written as pairs
+    ds.check_videos()  # a corrupt video is named now, not after the episodes before it are replayed
+    if calibration is not None:
+        load_calibration(calibration)
     al_path = out / ALIGNMENT_FILE
     # Only a new or empty folder, or this replay's own (alignment.json of the same data and twin).
     claim_output(out, ALIGNMENT_FILE, {"input_spec_hash": spec_hash(spec), "real": str(real)},
@@ -326,6 +339,17 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
         if al.get("input_spec_hash") != spec_hash(spec) or al.get("real") != str(real):
             raise OutputFolderError(f"{al_path}: was made for {al.get('real')} and twin spec {al.get('input_spec_hash')}; "
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
+    with output_lock(out, "comsim twin replay"):  # one writer per output; everything above wrote nothing
+        return _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine,
+                       workers, log)
+
+
+def _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine, workers,
+            log) -> Path:
+    """The writing part of ``replay_dataset``, with the output locked and every input checked."""
+    al_path = out / ALIGNMENT_FILE
+    if al_path.is_file():
+        al = json.loads(al_path.read_text())
         if dataset_complete(out):
             log(f"[replay] {out} is already complete")
             _report(out, real, report and "seg" in channels, log)
