@@ -341,11 +341,11 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
     with output_lock(out, "comsim twin replay"):  # one writer per output; everything above wrote nothing
         return _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine,
-                       workers, log)
+                       workers, on_unreliable, log)
 
 
 def _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine, workers,
-            log) -> Path:
+            on_unreliable, log) -> Path:
     """The writing part of ``replay_dataset``, with the output locked and every input checked."""
     al_path = out / ALIGNMENT_FILE
     if al_path.is_file():
