@@ -42,7 +42,8 @@ def _twin_replay(a):
     channels = tuple(c for c in a.channels.split(",") if c)
     print(replay_and_score(real=Path(a.real), twin=Path(a.twin), out=Path(a.out), mode=a.mode,
                            calibration=Path(a.calibration) if a.calibration else None, camera=a.camera,
-                           channels=channels, report=not a.no_report, refine=not a.no_refine, workers=a.workers))
+                           channels=channels, report=not a.no_report, refine=not a.no_refine, workers=a.workers,
+                           on_unreliable=a.on_unreliable))
 
 
 def _lab_pairs(a):
@@ -166,7 +167,7 @@ def _run(a):
     settings = LoopSettings(sim_task=a.task, sim_episodes=a.sim_episodes, ood_sim_episodes=a.ood_sim_episodes,
                             translator_config=a.translator_config, translator_steps=a.translator_steps,
                             translator_overrides=tuple(a.translator_override), synthetic_fraction=a.synthetic_fraction,
-                            workers=a.workers)
+                            workers=a.workers, on_unreliable=a.on_unreliable)
     report = run_real(Path(a.real), a.twin, Path(a.out), settings,
                       calibration=Path(a.calibration) if a.calibration else None)
     print(json.dumps({"report": str(report), "pseudo_real": str(Path(a.out) / "pseudo_real"),
@@ -218,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-refine", action="store_true",
                     help="physics mode: keep the first-frame object poses (skip the whole-video refinement)")
     rp.add_argument("--workers", type=int, default=1, help="processes replaying episodes side by side")
+    rp.add_argument("--on-unreliable", choices=["refuse", "mark"], default="refuse",
+                    help="when the twin's self-check distrusts the camera or an object: refuse (nothing replayed, "
+                         "the self-check in OUT/alignment_report.json) or mark (replay, the episodes concerned "
+                         "marked twin_unreliable in their provenance)")
     rp.set_defaults(func=_twin_replay)
 
     g = sub.add_parser("generate", help="scripted experts -> a LeRobotDataset of simulated episodes")
@@ -326,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     rn.add_argument("--translator-override", action="append", default=[], metavar="KEY=VALUE",
                     help="a dotted override of the translator config (repeatable)")
     rn.add_argument("--workers", type=int, default=2, help="processes for replay, generation and conversion")
+    rn.add_argument("--on-unreliable", choices=["refuse", "mark"], default="refuse",
+                    help="a twin that fails its self-check: refuse (the run stops at the twin) or mark (go on, its "
+                         "episodes marked unreliable)")
     rn.set_defaults(func=_run)
 
     d = sub.add_parser("demo", help="run the main job on a lab cell (default: the built-in lab)")

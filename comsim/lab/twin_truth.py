@@ -110,9 +110,29 @@ def add_truth_to_alignment_report(paired, real=None, frames_per_episode: int = 4
             "object_yaw_error_deg_mean_first_frame": float(np.mean(_all(eps, "object_yaw_error_deg"))),
             "object_yaw_error_deg_mean_refined": float(np.mean(_all(eps, "object_yaw_error_deg_refined"))),
         })
+    if rep.get("self_check"):
+        summary["self_check_vs_truth"] = self_check_vs_truth(eps)
     write_json(rep, report_path)
     log(f"[report vs lab truth] {json.dumps(summary)}")
     return rep
+
+
+def self_check_vs_truth(episodes: list[dict]) -> dict:
+    """The twin's self-check scored against the truth: the initial position errors (first frame, and after the
+    whole-video refinement where there was one) of the object placements it trusted and of those it named
+    unreliable (the episodes' ``unreliable_objects``)."""
+    out = {}
+    for key in ("object_initial_error_m", "object_initial_error_m_refined"):
+        trusted, flagged = [], []
+        for row in episodes:
+            bad = row.get("unreliable_objects") or {}
+            for name, err in (row.get(key) or {}).items():
+                (flagged if name in bad else trusted).append(float(err))
+        if trusted or flagged:
+            out[key] = {"trusted": len(trusted), "trusted_max_m": max(trusted, default=None),
+                        "trusted_within_2cm": sum(v <= 0.02 for v in trusted),
+                        "unreliable": len(flagged), "unreliable_m": sorted(flagged)}
+    return out
 
 
 def _all(episodes: list[dict], key: str) -> list[float]:

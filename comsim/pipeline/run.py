@@ -39,6 +39,8 @@ class LoopSettings:
     translator_overrides: tuple[str, ...] = ()  # dotted overrides of the translator config
     synthetic_fraction: float = 0.5  # of the mixed dataset's frames
     workers: int = 2  # processes of the twin replay, generation and conversion
+    # a twin that fails its self-check: "refuse" (the twin stage fails, naming what it distrusts) or "mark"
+    on_unreliable: str = "refuse"
 
 
 class StageLog:
@@ -99,7 +101,7 @@ def run_loop(stages: StageLog, real: Path, twin: Path, s: LoopSettings, calibrat
 
     run = stages.run
     stages.step(TWIN, lambda: st.align_twin(real, twin, run.paired, run.twin_summary, workers=s.workers,
-                                            calibration=calibration), needs=after)
+                                            calibration=calibration, on_unreliable=s.on_unreliable), needs=after)
     model = stages.step(TRANSLATOR, lambda: st.train_translator(run.paired, run.translator,
                                                                 config_file(s.translator_config),
                                                                 s.translator_steps, s.translator_overrides),

@@ -43,15 +43,18 @@ def record_lab(out, task: str, episodes: int, seed: int = 0, cell=None, calibrat
     return Path(out)
 
 
-def align_twin(real, twin, paired, summary_path, workers: int = 2, calibration=None) -> dict:
+def align_twin(real, twin, paired, summary_path, workers: int = 2, calibration=None,
+               on_unreliable: str = "refuse") -> dict:
     """Align the twin ``twin`` (a nominal spec) to the recording ``real`` and replay it into ``paired``
     (physics mode; a lab recording is also scored against its hidden truth). Writes the alignment report's
-    content to ``summary_path`` and returns it."""
+    content to ``summary_path`` and returns it. ``on_unreliable``: "refuse" (a twin that fails its self-check
+    raises ``UnreliableTwinError`` before any episode is written) or "mark" (``replay_dataset``)."""
     from comsim.lab.twin_truth import replay_and_score
 
     paired, summary_path = Path(paired), Path(summary_path)
     if not dataset_complete(paired) or not summary_path.is_file():
-        replay_and_score(real=real, twin=twin, out=paired, mode="physics", calibration=calibration, workers=workers)
+        replay_and_score(real=real, twin=twin, out=paired, mode="physics", calibration=calibration, workers=workers,
+                         on_unreliable=on_unreliable)
         report_path = paired / "alignment_report.json"
         summary = json.loads(report_path.read_text()) if report_path.is_file() else {}
         write_json(summary, summary_path, indent=1)

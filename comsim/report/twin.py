@@ -4,7 +4,8 @@ Reads what the twin's replay leaves in the paired dataset (``comsim.twin.replay`
 
     paired/twin_alignment.json      camera (K, T_cam_from_base), calibration (per-frame IoU,
                                     outlier frames, its source), colours
-    paired/alignment_report.json    per-episode robot IoU and, for a lab recording (its real
+    paired/alignment_report.json    per-episode robot IoU, the twin's self-check (or, when the
+                                    replay refused, the self-check alone) and, for a lab recording (its real
                                     dataset has lab_truth.json), camera / object errors
                                     against the truth (also copied to twin/summary.json)
     paired/report/episode*.png      episode frames with the twin's silhouette edges
@@ -41,6 +42,7 @@ def twin_section(rep: Report, run: Path) -> None:
     _calibration(rep, run, paired, calib)
     if al is not None:
         _camera(rep, al, report)
+    _self_check(rep, al, report)
     _episodes(rep, paired, report)
 
 
@@ -159,6 +161,63 @@ def _camera(rep: Report, al: dict, report: dict | None) -> None:
     if isinstance(colors, dict) and colors:
         rep.text("colour match residuals (RGB levels, lower is closer): "
                  + ", ".join(f"{k} {fmt_number(v)}" for k, v in colors.items()))
+
+
+# -- self-check ----------------------------------------------------------------------------------
+def _self_check(rep: Report, al: dict | None, report: dict | None) -> None:
+    """The residuals the twin computed without truth (``comsim.twin.selfcheck``), per episode, beside the
+    errors against the truth where a lab recording has them."""
+    rep.heading("Self-check (the twin's own residuals, no truth)", 3)
+    check = (al or {}).get("self_check") or (report or {}).get("self_check")
+    if not isinstance(check, dict) or "objects" not in check:
+        rep.absent("not recorded: this alignment was written without the twin's self-check (comsim.twin.selfcheck)")
+        return
+    th, cam = check.get("thresholds") or {}, check.get("camera") or {}
+    refused = (report or {}).get("refused")
+    if refused:
+        rep.warn(f"The replay refused, so nothing after it ran: {refused}")
+    elif not check.get("reliable", True):
+        rep.warn(f"The twin distrusts {len(check.get('unreliable_objects') or [])} object placements"
+                 + (f" and the camera in {len(cam.get('episodes_moved') or {})} episodes" if cam.get("episodes_moved")
+                    else "") + ": the episodes concerned were replayed and marked twin_unreliable in their provenance "
+                 "(--on-unreliable mark)")
+    else:
+        rep.ok("Passed: every object's silhouette matches what the first frames show there, and the camera's "
+               "calibration frames agree with it.")
+    under = cam.get("frames_under_threshold") or []
+    rep.table([{"calibration frames under IoU " + fmt_number(th.get("camera_frame_iou")):
+                ", ".join(under) if under else "none",
+                "trusted frames' mean IoU": cam.get("trusted_mean_iou", "-"),
+                "camera": {True: "reliable", False: "UNRELIABLE", None: "no per-frame IoU (given calibration)"}
+                .get(cam.get("reliable"), "-")}],
+              caption="camera: the calibration's IoU per frame (plotted above) against the threshold")
+    truth = {e.get("real_episode"): e for e in (report or {}).get("episodes") or []}
+    shifts, moved = cam.get("episode_shift_px") or {}, cam.get("episodes_moved") or {}
+    rows = []
+    for e, per in (check.get("objects") or {}).items():
+        row = {"episode": e}
+        if e in shifts:
+            d = float(np.hypot(shifts[e][0], shifts[e][1]))
+            row["camera shift from the stills"] = f"{d:.2f} px" + (" UNRELIABLE" if e in moved else " (compensated)"
+                                                                  if d >= th.get("camera_shift_compensated_px", 1e9)
+                                                                  else "")
+        for name, r in per.items():
+            iou = r.get("silhouette_iou")
+            row[f"{name} silhouette IoU"] = ("-" if iou is None else f"{iou:.2f}") + (
+                "" if r.get("reliable", True) else f" UNRELIABLE: {r.get('why', '')}")
+        errs = (truth.get(int(e)) or {}).get("object_initial_error_m_refined") or \
+            (truth.get(int(e)) or {}).get("object_initial_error_m")
+        if errs:
+            row["initial error vs truth"] = _per_object_cm(errs)
+        rows.append(row)
+    rep.table(rows, caption=f"objects: each one's silhouette at its estimated pose against the region of the first "
+                            f"frames that shows an object there (IoU; unreliable under "
+                            f"{fmt_number(th.get('object_silhouette_iou'))}, when its own colour evidence inside it is "
+                            f"under {fmt_number(th.get('object_colour'))}, when another object's colour shows there "
+                            f"more, or when the arm hides it); the camera's shift from the calibration stills in each "
+                            f"episode's first frames (compensated over "
+                            f"{fmt_number(th.get('camera_shift_compensated_px'))} px, unreliable over "
+                            f"{fmt_number(th.get('camera_shift_px'))} px)")
 
 
 # -- episodes ------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The twin's alignment report of a paired dataset: its robot silhouettes against masks derived from the real frames.
+"""The twin's alignment report of a paired dataset: its robot silhouettes against masks derived from the real frames,
+and the twin's self-check (``selfcheck.py``: calibration IoU per frame, each object's silhouette residual).
 
 Computed from the recording alone, as on a real cell. Scoring against a lab recording's hidden truth
 is the lab's business (``comsim.lab.twin_truth`` adds it to the same file). The HTML report of a
@@ -84,11 +85,27 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
         if written < n_overlays and k == 0 or (written < n_overlays and j == len(samples) - 1):
             write_overlay(overlay_dir / f"episode{e:04d}_frame{k:04d}.png", frame, twin_mask, None, f"ep {e} frame {k}")
             written += 1
+    check = al.get("self_check") or {}
     report = {"paired": str(paired), "real": str(real), "camera": cam, "calibration": al["calibration"],
               "episodes": [{"episode": e, "real_episode": r["real_episode"],
-                            "robot_iou_vs_derived_masks": float(np.mean(r["iou_vs_derived"]))}
+                            "robot_iou_vs_derived_masks": float(np.mean(r["iou_vs_derived"])),
+                            **_episode_self_check(check, r["real_episode"])}
                            for e, r in sorted(per_episode.items())]}
+    if check:
+        report["self_check"] = check
     report["summary"] = {"mean_robot_iou_vs_derived_masks":
                          float(np.mean([x["robot_iou_vs_derived_masks"] for x in report["episodes"]]))}
     log(f"[report] {json.dumps(report['summary'])}")
     return report
+
+
+def _episode_self_check(check: dict, real_episode: int) -> dict:
+    """The self-check's object silhouette IoUs of one real episode, and the objects it distrusts there."""
+    per = (check.get("objects") or {}).get(str(real_episode))
+    if per is None:
+        return {}
+    out = {"object_silhouette_iou": {n: r.get("silhouette_iou") for n, r in per.items()}}
+    bad = {n: r["why"] for n, r in per.items() if not r.get("reliable", True)}
+    if bad:
+        out["unreliable_objects"] = bad
+    return out

@@ -2,20 +2,29 @@
 
 For every object (box or cylinder of known size):
 
-1. Colour cue: a per-pixel likelihood that the pixel shows the object, from its
-   chromaticity's distance to the object's colour (the spec's nominal colour first, then
-   the colour actually seen in the object's core: lighting and white balance shift it).
-   With an object-free background image (calibration stills), also any change from it
-   that is not a shadow (``change_not_shadow``).
-2. Candidate: the connected blob with the most evidence whose size fits the object's
-   expected projected size; its centre back-projected onto the plane z = half height.
-3. Refinement: (x, y, yaw) maximizing the agreement between the object's projected
-   silhouette (convex hull of its corners, rasterized with sub-pixel precision and
-   area-averaged, so the objective is smooth) and the soft colour map. Several yaw
-   starts; the yaw is reported modulo the shape's symmetry (90 deg for a square box,
-   180 deg for a rectangular one, none for a cylinder).
+1. Evidence (``EvidenceMaps``): a per-pixel likelihood that the pixel shows the object, from
+   its chromaticity's shift towards the object's colour from the background (lighting and
+   white balance move absolute colours; an object still shifts the surface it hides towards
+   its own colour). With an object-free background image (the calibration's robot-free
+   still), that still is first registered to the frame (exposure and white balance per
+   channel, one-pixel shifts: ``register_background``) and any change from it that is not a
+   shadow counts too (``change_not_shadow``): a face whose colour the light washes out, or a
+   cube on a table of its own hue, is still a change from the still.
+2. Candidates (``candidates``): connected blobs of the object's colour (and, with a still, of
+   change), kept only where the object could be: resting on the table, of about its
+   projected size there, changed from the still. Ranked by evidence, size fit, how much more
+   they show this object's colour than another object's, and a prior around the twin spec's
+   position. Objects are placed in order of how clearly they show their own colour; each
+   placed one removes its pixels from the others' evidence.
+3. Refinement (``fit_pose``): (x, y, yaw) maximizing the agreement between the object's
+   projected silhouette (convex hull of its corners, rasterized with sub-pixel precision and
+   area-averaged, so the objective is smooth) and the evidence. Several yaw starts; the yaw
+   is reported modulo the shape's symmetry (90 deg for a square box, 180 deg for a
+   rectangular one, none for a cylinder). A fit that slides off the table is dropped for the
+   next candidate.
 
-All geometry goes through the calibrated camera (K, T_cam_from_base, pinhole frames).
+All geometry goes through the calibrated camera (K, T_cam_from_base, pinhole frames). How far
+to trust the result is the self-check's business (``selfcheck.py``).
 """
 from __future__ import annotations
 
@@ -122,6 +131,45 @@ def change_not_shadow(img: np.ndarray, bg: np.ndarray, lo: float, hi: float) -> 
     return (np.clip((diff - lo) / (hi - lo), 0.0, 1.0) * (1 - shadow)).astype(np.float32)
 
 
+def register_background(img: np.ndarray, background: np.ndarray, exclude=None, shift_px: int = 1) -> np.ndarray:
+    """The robot-free still made comparable with ``img``: scaled per channel by the median
+    ratio of the two over the pixels not in ``exclude`` (exposure and white balance move
+    between the still and an episode), then each pixel taken from the one of its neighbours
+    within ``shift_px`` that is closest to ``img`` there. A still is drawn at another
+    resolution and resampled, and a camera may have moved by a pixel since: the edges of the
+    table and of its texture then land a pixel apart, which would read as change. An object
+    is wider than ``shift_px``, so no neighbouring background pixel looks like it."""
+    f, b = img.astype(np.float32), background.astype(np.float32)
+    keep = np.ones(f.shape[:2], bool) if exclude is None else ~exclude
+    if keep.any():
+        b = np.clip(b * np.median((f[keep] + 6.0) / (b[keep] + 6.0), axis=0), 0.0, 255.0)
+    H, W = f.shape[:2]
+    r = int(shift_px)
+    pad = cv2.copyMakeBorder(b, r, r, r, r, cv2.BORDER_REPLICATE)
+    best, dist = b.copy(), np.linalg.norm(f - b, axis=-1)
+    for dy in range(-r, r + 1):
+        for dx in range(-r, r + 1):
+            s = pad[r + dy:r + dy + H, r + dx:r + dx + W]
+            d = np.linalg.norm(f - s, axis=-1)
+            closer = d < dist
+            best[closer], dist[closer] = s[closer], d[closer]
+    return best
+
+
+def background_shift(img: np.ndarray, background: np.ndarray, exclude=None) -> tuple[float, float, float]:
+    """(dx, dy, response): how far the image content of ``img`` moved from the robot-free still
+    (pixels, phase correlation of the two in grey, the arm's pixels taken from the still), and how
+    clearly (0-1). A camera bumped after its calibration stills shows here as a shift of the whole
+    static scene; the objects and the arm are too small a part of it to move the peak."""
+    a = cv2.cvtColor(background.astype(np.uint8), cv2.COLOR_RGB2GRAY).astype(np.float32)
+    b = cv2.cvtColor(img.astype(np.uint8), cv2.COLOR_RGB2GRAY).astype(np.float32)
+    if exclude is not None:
+        b[exclude] = a[exclude]
+    H, W = a.shape
+    (dx, dy), response = cv2.phaseCorrelate(a, b, cv2.createHanningWindow((W, H), cv2.CV_32F))
+    return float(dx), float(dy), float(response)
+
+
 def _ray_to_plane(K, T, uv, z: float) -> np.ndarray:
     fx, fy, cx, cy = as_K(K)
     d_cam = np.array([(uv[0] - cx) / fx, (uv[1] - cy) / fy, 1.0])
@@ -137,47 +185,89 @@ def expected_area_px(obj: ObjectSpec, K, T, x: float, y: float) -> float:
     return float(cv2.contourArea(cv2.convexHull(uv.astype(np.float32))))
 
 
-def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=None, background=None) -> dict:
-    """(x, y, yaw) of ``obj`` resting on the table in the pinhole frame ``img``.
+AREA_RATIO = (0.3, 3.0)  # a candidate blob's pixel area over the object's projected area at its place
+MIN_CHANGE = 0.4  # with a robot-free still: a candidate's mean change from it (the object is not in the still)
+PRIOR_M = 0.2  # spread (m) of the prior on where an object is, around its position in the twin spec
+MAX_FITS = 3  # candidates fitted, best first, until one's fitted pose rests on the table
+COLOUR_FLOOR = 0.25  # colour term of a candidate: (floor + own colour) / (floor + another object's colour)
 
-    ``rgb``: colour to look for (default: the spec's); ``exclude`` (H, W) bool: pixels to
-    ignore (e.g. the robot); ``background``: an object-free image of the same camera (e.g.
-    the calibration's background still, resampled): then the colour evidence is measured
-    against it (instead of a local median estimate) and joined by ``change_not_shadow``,
-    so that faces whose colour the light washed out count too (measured on the lab with
-    the true camera: 1.0 -> 0.56 cm mean, 2.1 -> 1.3 cm max).
-    Returns pos (3,), yaw, score, found.
-    """
-    H, W = img.shape[:2]
-    centre = _ray_to_plane(K, T, [as_K(K)[2], as_K(K)[3]], obj.half_height)
-    size_px = np.sqrt(max(expected_area_px(obj, K, T, centre[0], centre[1]), 1.0))
-    bg = local_background(img, size_px) if background is None else background
-    like = colour_likelihood(img, obj.rgba if rgb is None else rgb, bg)
-    if exclude is not None:
-        like[exclude] = 0.0
-    n, lab, stats, cents = cv2.connectedComponentsWithStats((like > 0.3).astype(np.uint8), connectivity=8)
-    best, best_score = None, 0.0
-    for k in range(1, n):
-        c = cents[k]
-        p = _ray_to_plane(K, T, c, obj.half_height)
-        expect = max(expected_area_px(obj, K, T, p[0], p[1]), 1.0)
-        area = stats[k, cv2.CC_STAT_AREA]
-        evidence = like[lab == k].sum()
-        fit = np.exp(-np.log(max(area, 1) / expect) ** 2)  # blob size vs the object's projected size
-        if evidence * fit > best_score:
-            best, best_score = k, evidence * fit
-    if best is None:
-        return {"found": False, "pos": None, "yaw": None, "score": 0.0}
-    p0 = _ray_to_plane(K, T, cents[best], obj.half_height)
-    x0, y0, w, h = stats[best, :4]
+
+class EvidenceMaps:
+    """One frame's evidence for every object: each colour's ``colour_likelihood`` against the
+    background (the robot-free still registered to the frame, ``register_background``, else a
+    local median) and, with a still, ``change_not_shadow`` from it; the arm's pixels are never
+    evidence. ``claim`` removes the pixels of an object already placed from the others'."""
+
+    def __init__(self, img: np.ndarray, colors: dict, object_px: float, background=None, exclude=None):
+        self.img = img
+        self.background = None if background is None else register_background(img, background, exclude)
+        bg = local_background(img, object_px) if self.background is None else self.background
+        self.like = {n: colour_likelihood(img, rgb, bg) for n, rgb in colors.items()}
+        self.change = None if self.background is None else change_not_shadow(img, self.background, *CHANGE)
+        self.free = np.ones(img.shape[:2], bool) if exclude is None else ~exclude
+        self._apply()
+
+    def _apply(self) -> None:
+        for m in (*self.like.values(), *([] if self.change is None else [self.change])):
+            m[~self.free] = 0.0
+
+    def claim(self, mask: np.ndarray) -> None:
+        self.free &= ~mask
+        self._apply()
+
+    def evidence(self, name: str) -> np.ndarray:
+        """What an object's silhouette is fitted to: its colour, and with a still any change from
+        it that is not a shadow (faces whose colour the light washes out, a specular top, a dark side)."""
+        return self.like[name] if self.change is None else np.maximum(self.like[name], self.change)
+
+
+def _on_table(p, obj: ObjectSpec, table) -> bool:
+    if table is None:
+        return True
+    r = max(obj.size[:2]) / 2 if obj.shape == "box" else obj.size[0]
+    return all(abs(p[i] - table.center[i]) <= table.size[i] / 2 - r for i in (0, 1))
+
+
+def candidates(maps: EvidenceMaps, obj: ObjectSpec, K, T, table=None) -> list[dict]:
+    """Blobs that could be ``obj``, best first: connected regions of its colour (and, with a still, of
+    change from it), kept only where the object could be (resting on the table, the blob's area within
+    ``AREA_RATIO`` of the object's projected area there, with a still: changed from it), scored by their
+    evidence, how well their size fits, how much more they show this object's colour than another's, and
+    the prior around the twin spec's position."""
+    like, ev = maps.like[obj.name], maps.evidence(obj.name)
+    seeds = [like > 0.3]
+    if maps.change is not None:  # a face of the object's own colour can vanish against a table of that colour
+        seeds.append(cv2.morphologyEx((ev > 0.5).astype(np.uint8), cv2.MORPH_CLOSE, np.ones((3, 3), np.uint8)) > 0)
+    others = [m for n, m in maps.like.items() if n != obj.name]
+    out = []
+    for seed in seeds:
+        n, lab, stats, cents = cv2.connectedComponentsWithStats(seed.astype(np.uint8), connectivity=8)
+        for k in range(1, n):
+            p = _ray_to_plane(K, T, cents[k], obj.half_height)
+            if not _on_table(p, obj, table):
+                continue
+            blob = lab == k
+            ratio = stats[k, cv2.CC_STAT_AREA] / max(expected_area_px(obj, K, T, p[0], p[1]), 1.0)
+            if not AREA_RATIO[0] <= ratio <= AREA_RATIO[1]:
+                continue
+            if maps.change is not None and maps.change[blob].mean() < MIN_CHANGE:
+                continue
+            own = float(like[blob].mean())
+            other = max((float(m[blob].mean()) for m in others), default=0.0)
+            prior = np.exp(-np.sum((p[:2] - np.asarray(obj.pos[:2])) ** 2) / (2 * PRIOR_M ** 2))
+            score = ev[blob].sum() * np.exp(-np.log(ratio) ** 2) * (COLOUR_FLOOR + own) / (COLOUR_FLOOR + other) * prior
+            out.append({"score": float(score), "centre": cents[k], "bbox": stats[k, :4], "colour": own - other})
+    return sorted(out, key=lambda c: -c["score"])
+
+
+def fit_pose(maps: EvidenceMaps, obj: ObjectSpec, K, T, cand: dict) -> dict:
+    """(x, y, yaw) whose silhouette best matches the object's evidence around the candidate ``cand``."""
+    H, W = maps.img.shape[:2]
+    p0 = _ray_to_plane(K, T, cand["centre"], obj.half_height)
+    x0, y0, w, h = (int(v) for v in cand["bbox"])
     pad = int(max(w, h)) + 4
     win = (max(0, x0 - pad), max(0, y0 - pad), min(W, x0 + w + pad), min(H, y0 + h + pad))
-    target = like[win[1]:win[3], win[0]:win[2]]
-    if background is not None:  # + faces whose colour the light washes out (a specular top, a dark side)
-        ch = change_not_shadow(img, background, *CHANGE)
-        if exclude is not None:
-            ch[exclude] = 0.0
-        target = np.maximum(target, ch[win[1]:win[3], win[0]:win[2]])
+    target = maps.evidence(obj.name)[win[1]:win[3], win[0]:win[2]]
 
     def loss(v):
         top, side = coverage(obj, (v[0], v[1], v[2]), K, T, win)
@@ -202,14 +292,65 @@ def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=No
             "score": float(1.0 - r.fun / max(float((target ** 2).sum()), 1e-6))}
 
 
+def object_px(obj: ObjectSpec, K, T) -> float:
+    """The object's projected size (pixels) at the image centre on the table."""
+    centre = _ray_to_plane(K, T, [as_K(K)[2], as_K(K)[3]], obj.half_height)
+    return float(np.sqrt(max(expected_area_px(obj, K, T, centre[0], centre[1]), 1.0)))
+
+
+def localize_object(img: np.ndarray, obj: ObjectSpec, K, T, rgb=None, exclude=None, background=None,
+                    table=None) -> dict:
+    """(x, y, yaw) of ``obj`` resting on the table in the pinhole frame ``img`` (``localize_objects``
+    with this object alone). Returns pos (3,), yaw, score, found."""
+    return localize_objects(img, [obj], K, T, robot_mask=exclude, colors=None if rgb is None else {obj.name: rgb},
+                            background=background, table=table)[obj.name]
+
+
+def silhouette_window(obj: ObjectSpec, pose, K, T, width: int, height: int) -> tuple[int, int, int, int] | None:
+    """(x0, y0, x1, y1): the object's projected silhouette at ``pose`` with a margin of one
+    object size around it, clipped to the image; None when it is outside the image."""
+    uv = project_points(K, T, object_points(obj, *pose))
+    pad = int(np.ceil(np.ptp(uv, 0).max())) + 2
+    x0, y0 = np.floor(uv.min(0)).astype(int) - pad
+    x1, y1 = np.ceil(uv.max(0)).astype(int) + pad + 1
+    x0, y0, x1, y1 = max(0, x0), max(0, y0), min(width, x1), min(height, y1)
+    if x1 - x0 < 2 or y1 - y0 < 2:
+        return None
+    return int(x0), int(y0), int(x1), int(y1)
+
+
 def localize_objects(img: np.ndarray, objects: list[ObjectSpec], K, T, robot_mask=None, colors=None,
-                     background=None) -> dict:
-    """{name: localize_object(...)} for every object of the spec."""
+                     background=None, table=None) -> dict:
+    """{name: {found, pos (3,), yaw, score}} for every object of the spec in the pinhole frame ``img``.
+
+    ``colors``: {name: rgb} to look for (default: the spec's); ``robot_mask`` (H, W) bool: pixels
+    to ignore (the arm); ``background``: an object-free image of the same camera (the
+    calibration's robot-free still, resampled): then the colour evidence is measured against it
+    (instead of a local median estimate) and joined by ``change_not_shadow``, so that faces whose
+    colour the light washed out count too, and a candidate must have changed from it (measured on
+    the lab with the true camera: 1.0 -> 0.56 cm mean, 2.1 -> 1.3 cm max); ``table``: the twin's
+    TableSpec (objects rest on it). Objects are placed in the order of how clearly their best
+    candidate shows their own colour; each one placed removes its pixels from the others' evidence,
+    so two objects never share a blob. An object with no candidate is ``found: False``.
+    """
+    colors = {o.name: (o.rgba if colors is None or o.name not in colors else colors[o.name]) for o in objects}
+    size = max((object_px(o, K, T) for o in objects), default=8.0)
+    maps = EvidenceMaps(img, colors, size, background, robot_mask)
+    first = {o.name: candidates(maps, o, K, T, table) for o in objects}
+    order = sorted(objects, key=lambda o: -(first[o.name][0]["colour"] if first[o.name] else -np.inf))
     out = {}
-    for o in objects:
-        rgb = None if colors is None else colors.get(o.name)
-        out[o.name] = localize_object(img, o, K, T, rgb=rgb, exclude=robot_mask, background=background)
-    return out
+    for o in order:
+        cands = first[o.name] if not out else candidates(maps, o, K, T, table)
+        # the best candidate whose fitted pose stays on the table (a fit can slide off a blob that is not the object)
+        fits = (fit_pose(maps, o, K, T, c) for c in cands[:MAX_FITS])
+        out[o.name] = next((f for f in fits if _on_table(f["pos"], o, table)), None)
+        if out[o.name] is None:
+            out[o.name] = {"found": False, "pos": None, "yaw": None, "score": 0.0}
+            continue
+        H, W = img.shape[:2]
+        top, side = coverage(o, (out[o.name]["pos"][0], out[o.name]["pos"][1], out[o.name]["yaw"]), K, T, (0, 0, W, H))
+        maps.claim(cv2.dilate(((top + side) > 0.3).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0)
+    return {o.name: out[o.name] for o in objects}
 
 
 def yaw_error(a: float, b: float, period: float | None) -> float:

@@ -8,7 +8,12 @@
    writes them), else from the dataset's own frames (``align.py``),
    and the colours (``colors.py``). The published lens distortion, if any, is read from
    the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
-2. Per episode: objects are localized in the first frames (``localize.py``), then
+   Every episode's objects are localized in its first frames (``localize.py``) and the twin
+   checks itself (``selfcheck.py``: the calibration's IoU per frame, how far each episode's
+   camera moved from the stills, each object's silhouette against what the first frames show
+   there). A twin that fails is refused by name before any episode is written, or, with
+   ``on_unreliable="mark"``, replayed with the episodes concerned marked ``twin_unreliable``.
+2. Per episode, from the objects found in its first frames:
    - ``kinematic``: the robot is set to the recorded joint positions frame by frame;
      objects stay where they were found (no contact dynamics);
    - ``physics``: the twin starts from the first recorded state and its servos track
@@ -51,10 +56,13 @@ from comsim.io.labels import seg_to_rgb
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
-from comsim.twin.localize import localize_objects
+from comsim.twin.localize import EvidenceMaps, background_shift, localize_objects, object_px
 from comsim.io.files import atomic_output, write_json
 from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
+from comsim.twin.selfcheck import (CAMERA_SHIFT_MIN_PX, ON_UNRELIABLE, SHIFT_MIN_RESPONSE, UnreliableTwinError,
+                                   check_alignment, episode_verdict, log_self_check, object_residual,
+                                   unreliable_message)
 from comsim.twin.silhouette import RobotSilhouette
 
 ALIGNMENT_FILE = "twin_alignment.json"
@@ -101,6 +109,35 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
     return out
 
 
+def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background) -> dict:
+    """Episode ``e``'s objects from its first frames in the aligned twin ``spec`` (its camera):
+    {"image", "state" (first row), "camera_shift" ([dx, dy] px of the static scene from the robot-free
+    still, ``localize.background_shift``; objects are localized with the principal point moved by it when it
+    is over ``CAMERA_SHIFT_MIN_PX``), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
+    of each found object; the twin's own check, no truth)}."""
+    c = spec.camera(cam)
+    K, T = np.asarray(c.K, np.float64), np.asarray(c.T_cam_from_base)
+    ep = ds.read_window(e, 0, min(FIRST_FRAMES, ds.episode_length(e)), cameras=[cam])
+    img = first_image(ep, cam, maps)
+    excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]))
+    shift = None
+    if background is not None:
+        dx, dy, response = background_shift(img, background, excl)
+        shift = [round(dx, 3), round(dy, 3), round(response, 3)]
+        if response >= SHIFT_MIN_RESPONSE and np.hypot(dx, dy) >= CAMERA_SHIFT_MIN_PX:  # the camera moved since
+            K = K + [0.0, 0.0, dx, dy]
+    colors = {o.name: list(o.rgba) for o in spec.objects}
+    found = localize_objects(img, spec.objects, K, T, robot_mask=excl, colors=colors, background=background,
+                             table=spec.table)
+    ev = EvidenceMaps(img, colors, max((object_px(o, K, T) for o in spec.objects), default=8.0), background, excl)
+    residual = {o.name: (object_residual(ev, o, (found[o.name]["pos"][0], found[o.name]["pos"][1],
+                                                 found[o.name]["yaw"]), K, T)
+                         if found[o.name]["found"] else {"not_found": True})
+                for o in spec.objects}
+    return {"image": img, "state": ep.state[0], "found": found, "residual": residual, "camera_shift": shift,
+            "K": [float(v) for v in K]}
+
+
 # ----------------------------------------------------------------- alignment
 
 
@@ -136,20 +173,21 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
                                        f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
     aligned = aligned_spec(spec, cam, T, K, W, H)
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
-    ep = ds.read_window(0, 0, min(FIRST_FRAMES, ds.episode_length(0)), cameras=[cam])
-    img = first_image(ep, cam, maps)
-    excl = robot_exclusion(aligned, cam, ep.state[0, :7], float(ep.state[0, 7]))
-    found = localize_objects(img, aligned.objects, K, T, robot_mask=excl, background=stills_background(real, W, H))
-    colors = estimate_colors(aligned, cam, img, ep.state[0, :7].astype(np.float64), float(ep.state[0, 7]),
-                             object_poses(found, aligned), valid=None if maps is None else _valid_after_undistort(maps))
+    # episode 0's objects give the colours; every episode's are localized and checked by self_check_alignment
+    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H))
+    colors = estimate_colors(aligned, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
+                             object_poses(f0["found"], aligned),
+                             valid=None if maps is None else _valid_after_undistort(maps))
     final = aligned_spec(spec, cam, T, K, W, H, colors)
     log(f"[replay] aligned: camera from {calib['source']}, colour residuals "
         f"{ {k: round(v, 1) for k, v in colors['residual'].items()} }")
-    return {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
-            "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
-            "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
-            "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
-            "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+    al = {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
+          "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
+          "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
+          "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
+          "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+    al.update(self_check_alignment(ds, spec, al))
+    return al
 
 
 def _valid_after_undistort(maps) -> np.ndarray:
@@ -163,7 +201,7 @@ def _valid_after_undistort(maps) -> np.ndarray:
 
 
 def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, background, maps, fps: float,
-                   log=None) -> dict:
+                   K=None, log=None) -> dict:
     """Initial object poses whose physics replay best reproduces the objects in the whole
     real video (``track.py``): {"objects": {name: {...}}, "simulations"}. (No wall time: it
     goes into the episode's provenance, and the same inputs must give byte-identical datasets.)"""
@@ -172,7 +210,8 @@ def refine_objects(ep: Episode, al: dict, spec: SceneSpec, found: dict, backgrou
     frames = ep.frames[cam]
     if maps is not None:
         frames = np.stack([undistort(f, maps) for f in frames])
-    ev = Evidence(frames, ep.state, spec, cam, np.asarray(al["K"]), np.asarray(al["T_cam_from_base"]),
+    K = np.asarray(al["K"] if K is None else K)  # the episode's: a camera moved since the stills shifts it
+    ev = Evidence(frames, ep.state, spec, cam, K, np.asarray(al["T_cam_from_base"]),
                   colors=al["nominal_object_rgba"], background=background)
     return refine_initial_poses(PhysicsReplay(spec, ep.state, ep.action, ep.timestamps), spec, found, ev, fps, log=log)
 
@@ -184,19 +223,15 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     _check_episode(ds, e, ep, cam)
     K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
     W, H = al["width"], al["height"]
-    T_cam = np.asarray(al["T_cam_from_base"])
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
-    img = first_image(ep, cam, maps)
-    # Objects are recognised by their nominal colours (the matched ones describe the twin's
-    # lighting, not what the camera sees).
     bg = stills_background(ds.root, W, H)
-    found = localize_objects(img, spec.objects, K, T_cam, colors=al["nominal_object_rgba"],
-                             robot_mask=robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7])),
-                             background=bg)
+    # Objects were localized in every episode's first frames by the alignment (by their nominal colours:
+    # the matched ones describe the twin's lighting, not what the camera sees).
+    found = al["objects"][str(e)]
     refined = None
     poses = object_poses(found, spec)
     if mode == "physics" and refine and any(r["found"] for r in found.values()):
-        refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), log=log)
+        refined = refine_objects(ep, al, spec, found, bg, maps, float(ds.fps), K=al["episode_K"][str(e)], log=log)
         poses = {n: (np.asarray(r["pos"]), yaw_quat(r["yaw"])) for n, r in refined["objects"].items()}
     render_spec, render_cam, margin = with_render_camera(spec, cam, dist)
     # the aligned spec carries the robot's tint (robot.tint); alignments written without it keep it in colors
@@ -242,6 +277,9 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                              "localized_objects": found, "real_provenance": ep.provenance.to_dict()})
     if refined is not None:  # initial poses from the whole video (analysis by synthesis over time)
         prov.extra["refined_objects"] = refined
+    unreliable = episode_verdict(al["self_check"], e)
+    if unreliable:  # written only with on_unreliable="mark": what the twin's self-check distrusts here
+        prov.extra["twin_unreliable"] = unreliable
     extra = {"twin_state": np.asarray(tstate, np.float32)}
     if scene.object_names:
         extra["twin_object_pos"] = np.asarray(opos, np.float32)
@@ -252,7 +290,7 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
 
 def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, camera: str | None = None,
                    channels=("seg", "normal"), episodes=None, report: bool = True, close: bool = True,
-                   refine: bool = True, workers: int = 1, log=print) -> Path:
+                   refine: bool = True, workers: int = 1, on_unreliable: str = "refuse", log=print) -> Path:
     """Replay every episode of ``real`` in the twin ``twin`` (YAML path or SceneSpec) into ``out``.
 
     ``episodes``: a subset to do now; with ``close=False`` they are only staged, so that
@@ -262,9 +300,16 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
     ``report``: then write ``OUT/alignment_report.json`` (needs the "seg" channel).
     ``refine``: in physics mode, choose each moving object's initial pose by replaying
     candidates against the whole video (``track.py``), not from the first frame alone.
+    ``on_unreliable``: what to do when the twin's self-check (``selfcheck.py``: the calibration's
+    per-frame IoU, each object's silhouette against the first frames) distrusts the camera or an
+    object: "refuse" raises ``UnreliableTwinError`` naming them before any episode is written
+    (the alignment and ``alignment_report.json`` with the self-check are kept in OUT); "mark" replays
+    and writes the episodes concerned with ``twin_unreliable`` in their provenance.
     """
     if mode not in MODES:
         raise InputError(None, "mode", f"one of {MODES}", mode)
+    if on_unreliable not in ON_UNRELIABLE:
+        raise InputError(None, "on_unreliable", f"one of {ON_UNRELIABLE}", on_unreliable)
     if workers < 1:
         raise InputError(None, "workers", "at least 1", workers)
     unknown = [c for c in channels if c not in CONTROLS]
@@ -296,11 +341,11 @@ def replay_dataset(real, twin, out, mode: str = "physics", calibration=None, cam
                              f"now asked for {real} and {spec_hash(spec)}: use a new --out folder")
     with output_lock(out, "comsim twin replay"):  # one writer per output; everything above wrote nothing
         return _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine,
-                       workers, log)
+                       workers, on_unreliable, log)
 
 
 def _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, report, close, refine, workers,
-            log) -> Path:
+            on_unreliable, log) -> Path:
     """The writing part of ``replay_dataset``, with the output locked and every input checked."""
     al_path = out / ALIGNMENT_FILE
     if al_path.is_file():
@@ -316,6 +361,18 @@ def _replay(ds, spec, real, out, mode, calibration, camera, channels, episodes, 
         write_json(al, al_path)
         with atomic_output(out / "twin_aligned.yaml") as tmp:  # the aligned cell, for `comsim generate --scene`
             tmp.write_text(yaml.safe_dump(al["spec"], sort_keys=False))
+    if "self_check" not in al:  # an alignment written without the self-check: add it before replaying
+        al.update(self_check_alignment(ds, spec, al))
+        write_json(al, al_path)
+    check = al["self_check"]
+    log_self_check(check, log)
+    refusal = unreliable_message(check, str(al_path))
+    if refusal and on_unreliable == "refuse":
+        write_json({"paired": str(out), "real": str(real), "camera": al["camera"], "calibration": al["calibration"],
+                    "self_check": check, "refused": refusal}, out / "alignment_report.json")
+        raise UnreliableTwinError(f"{refusal}. Nothing was replayed; the self-check is in "
+                                  f"{out / 'alignment_report.json'} (--on-unreliable mark writes the episodes "
+                                  "marked unreliable)")
     aligned = scene_spec_from_dict(al["spec"], where=str(al_path))
     writer = DatasetWriter(out, ds.fps, resume=True)
     todo = [e for e in (range(len(ds)) if episodes is None else episodes) if e not in writer.finished_episodes]
@@ -355,7 +412,22 @@ def _replay_and_stage(job: tuple) -> int:
     return e
 
 
+def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict) -> dict:
+    """The ``objects`` and ``self_check`` entries of an alignment ``al`` of ``ds`` to the nominal twin ``spec``."""
+    cam, W, H = al["camera"], al["width"], al["height"]
+    K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
+    aligned = aligned_spec(spec, cam, np.asarray(al["T_cam_from_base"]), K, W, H)
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    bg = stills_background(ds.root, W, H)
+    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg) for e in range(len(ds))}
+    return {"objects": {str(e): f["found"] for e, f in firsts.items()},
+            "episode_K": {str(e): f["K"] for e, f in firsts.items()},
+            "self_check": check_alignment(al["calibration"], {e: f["residual"] for e, f in firsts.items()},
+                                          {e: f["camera_shift"] for e, f in firsts.items()})}
+
+
 def _report(out: Path, real: Path, wanted: bool, log) -> None:
-    if wanted and not (out / "alignment_report.json").is_file():
+    path = out / "alignment_report.json"
+    if wanted and (not path.is_file() or "episodes" not in json.loads(path.read_text())):
         from comsim.twin.alignment_report import alignment_report
         alignment_report(out, real, log=log)
