@@ -126,18 +126,13 @@ def _translator(run: Path, steps_done: int = 600, planned: int = 600, validation
         _write_json(out / "final" / "translator.json", {"sampling": {"num_steps": 8, "w_action": 1.0, "w_sim": 1.5}})
 
 
-def _trials(n: int, successes: set[int], videos: dict[int, str] | None, old: bool = False) -> list[dict]:
+def _trials(n: int, successes: set[int], videos: dict[int, str] | None) -> list[dict]:
     out = []
     for i in range(n):
         start, final = [0.5 + 0.01 * i, -0.1 + 0.02 * i], [0.62 + 0.005 * i, -0.08 + 0.02 * i]
-        if old:  # the evaluator before per-trial targets and videos: positions per object
-            out.append({"trial": i, "seed": 1000 + i, "box": 0, "success": i in successes, "steps": 40,
-                        "start_xy": {"cube": start, "target_marker": [0.7, 0.0]},
-                        "final_xy": {"cube": final, "target_marker": [0.7, 0.0]}})
-        else:
-            out.append({"trial": i, "seed": 1000 + i, "success": i in successes, "start_xy": start,
-                        "final_xy": final, "target_xy": [0.65, -0.05 + 0.02 * i], "final_distance": 0.03,
-                        "video": (videos or {}).get(i)})
+        out.append({"trial": i, "seed": 1000 + i, "success": i in successes, "start_xy": start,
+                    "final_xy": final, "target_xy": [0.65, -0.05 + 0.02 * i], "final_distance": 0.03,
+                    "video": (videos or {}).get(i)})
     return out
 
 
@@ -165,7 +160,7 @@ def _policy(run: Path) -> None:
         "panel": "id", "n_trials": 10, "successes": 3, "wall_s": 44.7,
         "trials": _trials(10, {1, 4, 7}, {0: "videos/id_trial000.mp4", 1: "videos/id_trial001.mp4"})})
     _write_json(a1 / "eval-ood-9f8e7d6c.json", {"panel": "ood", "n_trials": 10, "successes": 1, "wall_s": 51.2,
-                                                "trials": _trials(10, {5}, None, old=True)})
+                                                "trials": _trials(10, {5}, {0: "videos/ood_trial000.mp4"})})
     _write_json(a2 / "eval-id-9f8e7d6c.json", {"panel": "id", "n_trials": 10, "successes": 6, "wall_s": 40.1,
                                                 "trials": _trials(10, {0, 1, 2, 3, 4, 5}, None)})
     _write_json(a2 / "eval-ood-9f8e7d6c.json", {"panel": "ood", "n_trials": 10, "successes": 4, "wall_s": 47.0})

@@ -3,12 +3,11 @@
 Reads the experiment's ``results.json`` (``comsim.pipeline.experiment``) and, for every arm
 and panel, the panel's eval file in the arm's folder (``arms/<arm>-<hash>/eval-<panel>-<key>.json``)
 with its per-trial list: ``seed``, ``success``, ``start_xy``, ``final_xy`` (the main object's
-[x, y], or {object: [x, y]}), ``target_xy`` ([x, y] or null) and ``video`` (an mp4 path
+[x, y]), ``target_xy`` ([x, y] or null) and ``video`` (an mp4 path
 relative to the arm folder, or null); without positions the plot says so.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -199,22 +198,12 @@ def _video(rep: Report, adir: Path, panel: str, trials: list[dict], success: boo
 
 
 def _positions(ev: dict) -> list[dict] | None:
-    """Trials as top-view points of the main object (None if the eval file has no positions).
-    Positions given per object ({name: [x, y]}) use the object that moved most on average."""
+    """Trials as top-view points of the main object (None if the eval file has no positions)."""
     trials = [t for t in ev.get("trials") or [] if isinstance(t, dict) and t.get("start_xy") and t.get("final_xy")]
     if not trials:
         return None
-    obj = None
-    if all(isinstance(t["start_xy"], dict) for t in trials):
-        names = {n for t in trials for n in t["start_xy"] if n in t["final_xy"]}
-        if not names:
-            return None
-        obj = max(sorted(names), key=lambda n: np.mean([_dist(t["start_xy"].get(n), t["final_xy"].get(n))
-                                                         for t in trials]))
 
     def xy(v):
-        if isinstance(v, dict):
-            v = v.get(obj)
         if isinstance(v, (list, tuple)) and len(v) >= 2 and all(isinstance(c, (int, float)) for c in v[:2]):
             return float(v[0]), float(v[1])
         return None
@@ -232,12 +221,6 @@ def _positions(ev: dict) -> list[dict] | None:
 
 def _distance(d) -> str:
     return f", ends {100 * d:.1f} cm from the target" if isinstance(d, (int, float)) else ""
-
-
-def _dist(a, b) -> float:
-    if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
-        return 0.0
-    return math.hypot(float(a[0]) - float(b[0]), float(a[1]) - float(b[1]))
 
 
 def _bounds(points: list[tuple[float, float]]) -> tuple[float, float, float, float]:

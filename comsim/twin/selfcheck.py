@@ -208,7 +208,7 @@ def log_self_check(check: dict, log=print) -> None:
     moved = {e: v for e, v in cam.get("episode_shift_px", {}).items()
              if v[2] >= SHIFT_MIN_RESPONSE and np.hypot(v[0], v[1]) >= CAMERA_SHIFT_MIN_PX}
     if moved:
-        log(f"[self-check] camera moved since the calibration stills (objects localized with the shift): "
+        log("[self-check] camera moved since the calibration stills (objects localized with the shift): "
             + ", ".join(f"episode {e} {np.hypot(v[0], v[1]):.1f} px" for e, v in moved.items()))
     for u in check["unreliable_objects"]:
         log(f"[self-check] UNRELIABLE {u['object']} in episode {u['episode']}: {u['why']}")
