@@ -720,6 +720,23 @@ def test_seeds_added_to_a_finished_run_reuse_its_arms_and_changed_data_is_traine
     assert list(Path(one["dir"]).parent.glob(f"{Path(one['dir']).name}.stale-*"))
 
 
+def test_an_arm_naming_an_undefined_dataset_is_refused_before_anything_is_recorded(tmp_path):
+    cfg = {"name": "typo", "output_dir": str(tmp_path / "exp"), "task": "push",
+           "datasets": {"lab": {"path": str(tmp_path / "lab"), "build": "lab", "episodes": 2}},
+           "arms": [{"name": "real", "sources": [{"dataset": "lab"}]},
+                    {"name": "typo", "sources": [{"dataset": "lab"}, {"dataset": "labb"}]}],
+           "policy": {"preset": "tiny"}, "train": {"steps": 2, "batch_size": 4}}
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with pytest.raises(ConfigError, match=r"arms\[typo\]\.sources\[1\]\.dataset: expected a name of `datasets`"):
+        run_experiment(path, log=lambda *_: None, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["typo.yaml"]  # nothing recorded, no output folder
+    with pytest.raises(ConfigError, match="task: expected a lab task"):
+        run_experiment(path, overrides=["task=pour", "arms=[{name: real, sources: [{dataset: lab}]}]"],
+                       log=lambda *_: None, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["typo.yaml"]
+
+
 def test_arms_side_by_side_are_the_arms_one_after_the_other(data, tmp_path):
     """arm_workers: 2 trains and scores two arms in two processes at once; each arm's weights, trials
     and table entry are those of the same arms run one after the other in this process."""
@@ -736,6 +753,38 @@ def test_arms_side_by_side_are_the_arms_one_after_the_other(data, tmp_path):
             {p: {k: v for k, v in r.items() if k != "wall_s"} for p, r in a2["panels"].items()}
     with pytest.raises(ConfigError, match="arm_workers: expected >= 1"):
         load_experiment(path, ["arm_workers=0"])
+
+
+@pytest.mark.slow
+def test_an_experiment_killed_during_training_resumes_to_the_same_results(data, tmp_path):
+    """kill -9 of `eval_policy.py --experiment` after an arm's first checkpoint; the rerun takes the dead run's
+    lock over, resumes the arm and gives the weights and trials of a run that was never killed."""
+    import signal
+    import time
+    from safetensors.torch import load_file
+    cfg = {"name": "killed", "output_dir": str(tmp_path / "exp"), "task": "push",
+           "datasets": {"real": {"path": data["real"]}},
+           "arms": [{"name": "real", "sources": [{"dataset": "real"}], "synthetic_fraction": 0.0}],
+           "policy": {"preset": "tiny", "num_inference_steps": 2},
+           "train": {"steps": 60, "batch_size": 4, "warmup_steps": 1, "log_every": 10, "save_every": 5},
+           "eval": {"n_trials": 2, "max_seconds": 0.3, "panels": {"id": {"kind": "id"}}}}
+    path = tmp_path / "killed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    cmd = [sys.executable, str(ROOT / "eval" / "eval_policy.py"), "--experiment", str(path)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    while not list((tmp_path / "exp" / "arms").glob("real-*/checkpoint-*")) and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    arm = next((tmp_path / "exp" / "arms").glob("real-*"))
+    assert list(arm.glob("checkpoint-*")) and not (arm / "train_log.json").exists()  # killed mid-training
+    resumed = run_experiment(path, log=lambda *_: None, progress=False)["arms"][0]
+    fresh = run_experiment(path, tmp_path / "fresh", log=lambda *_: None, progress=False)["arms"][0]
+    w1, w2 = (load_file(str(Path(a["dir"]) / "policy" / "model.safetensors")) for a in (resumed, fresh))
+    assert all(torch.equal(w1[k], w2[k]) for k in w1)
+    assert resumed["outcomes"] == fresh["outcomes"] and resumed["panels"]["id"]["successes"] == \
+        fresh["panels"]["id"]["successes"]
 
 
 def test_a_worker_ends_when_the_experiment_process_is_killed(tmp_path):

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from comsim.config import PANDA_PUSH_CELL, ConfigError, config_file
+from comsim.io.lock import output_lock
 from comsim.pipeline.run import LoopSettings, StageLog, existing_config, run_loop
 from comsim.run_layout import LAB_RECORD, POLICY, RunLayout
 
@@ -64,9 +65,6 @@ def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path |
     """Run the loop into the folder ``out``; returns the report's path. ``profile``: a name of PROFILES
     or a DemoProfile; ``cell`` and ``twin`` (YAML paths) replace the profile's; ``seeds``: the policy
     experiment's training seeds (its config's ``seeds``)."""
-    from comsim.pipeline import stages as st
-    from comsim.report.run import build_report
-
     if isinstance(profile, str):
         if profile not in PROFILES:
             raise ConfigError(f"demo profile {profile!r}: expected one of {sorted(PROFILES)}")
@@ -77,7 +75,14 @@ def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path |
                 twin=str(existing_config(twin, "--twin")) if twin is not None else p.twin,
                 policy_overrides=(*p.policy_overrides, *([f"seeds=[{','.join(map(str, seeds))}]"] if seeds else [])))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "comsim demo"):  # one run per folder; each stage also locks its own output
+        return _run_demo(out, p, profile_name)
+
+
+def _run_demo(out: Path, p: DemoProfile, profile_name: str) -> Path:
+    from comsim.pipeline import stages as st
+    from comsim.report.run import build_report
+
     run = RunLayout(out)
     stages = StageLog(run, log=lambda msg: print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True))
     stages.step(LAB_RECORD, lambda: st.record_lab(run.lab, p.task, p.real_episodes, seed=0, cell=p.cell,

@@ -566,6 +566,29 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
         if unknown:
             raise ConfigError(f"--arms: no arm(s) {unknown}; arms are {[a.name for a in all_arms]}")
         all_arms = [a for a in all_arms if a.name in arms]
+    check_experiment(cfg, all_arms)
+    from comsim.io.lock import output_lock
+    with output_lock(cfg.output_dir, "comsim experiment"):  # one writer per output; everything above wrote nothing
+        return _run(cfg, every_arm, all_arms, log, progress)
+
+
+def check_experiment(cfg: ExperimentConfig, arms: list[ArmConfig]) -> None:
+    """What can be checked before anything is recorded, generated or trained: every source of the arms names a
+    dataset of the experiment or a finished dataset folder, and the lab cell and the task load."""
+    from comsim.lab.cell import load_lab_cell
+    from comsim.lab.tasks import TASKS
+
+    for a in arms:
+        for i, src in enumerate(a.sources):
+            if src.dataset not in cfg.datasets and not dataset_complete(src.dataset):
+                raise ConfigError(f"arms[{a.name}].sources[{i}].dataset: expected a name of `datasets` "
+                                  f"({sorted(cfg.datasets)}) or a finished dataset folder, got {src.dataset!r}")
+    load_lab_cell(cfg.cell)
+    if cfg.task not in TASKS:
+        raise ConfigError(f"task: expected a lab task ({sorted(TASKS)}), got {cfg.task!r}")
+
+
+def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmConfig], log, progress: bool) -> dict:
     if cfg.train.num_threads:
         import torch
         torch.set_num_threads(cfg.train.num_threads)

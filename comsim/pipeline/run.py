@@ -22,6 +22,7 @@ from pathlib import Path
 
 from comsim.config import ConfigError, config_file
 from comsim.io.files import atomic_output
+from comsim.io.lock import output_lock
 from comsim.run_layout import (CONVERT, FACTORY, LAB_RECORD, MIX, POLICY, TRANSLATOR, TWIN, VIDEO_METRICS,
                                RunLayout)
 
@@ -134,14 +135,19 @@ def run_real(real, twin, out, settings: LoopSettings | None = None, calibration=
     """``comsim run``: the loop on the real recording ``real`` (a LeRobotDataset) into ``out``; returns the
     report's path. Raises RuntimeError (after writing the report) if a stage failed."""
     from comsim.io.lerobot import LeRobotDataset
-    from comsim.report.run import build_report
 
     s = settings or LoopSettings()
     real, out = Path(real).resolve(), Path(out)
     LeRobotDataset(real)  # a recording that does not read is refused before anything is written
     twin = existing_config(twin, "--twin")
     existing_config(s.translator_config, "--translator-config")
-    out.mkdir(parents=True, exist_ok=True)
+    with output_lock(out, "comsim run"):  # one run per folder; each stage also locks its own output
+        return _run_real(real, twin, out, s, calibration)
+
+
+def _run_real(real: Path, twin: Path, out: Path, s: LoopSettings, calibration) -> Path:
+    from comsim.report.run import build_report
+
     stages = StageLog(RunLayout(out))
     stages.leave_out(LAB_RECORD, f"the recording was given: {real}")
     run_loop(stages, real, twin, s, calibration)
