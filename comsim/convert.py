@@ -40,7 +40,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.config import PRECISIONS
-from comsim.episode import Episode, Provenance, check_seed, episode_seed
+from comsim.episode import Episode, check_seed, episode_seed
 from comsim.errors import ComSimError
 from comsim.io.keys import control_key, sim_key
 from comsim.io.lerobot import IMAGE_PREFIX, DatasetWriter, LeRobotDataset, dataset_complete

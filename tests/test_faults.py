@@ -26,9 +26,7 @@ import pytest
 
 from comsim import cli
 from comsim.io.lock import LOCK_FILE, OutputLockedError, output_lock
-from comsim.io.lerobot import LeRobotDataset
-from test_malformed_inputs import (SCENE, _script_main, save_micro_translator, shared, snapshot,  # noqa: F401
-                                   translator_cfg, write_sim)
+from test_malformed_inputs import SCENE, _script_main, shared, snapshot, translator_cfg  # noqa: F401  (shared: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "MUJOCO_GL": "egl", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}

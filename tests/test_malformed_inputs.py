@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
