@@ -108,6 +108,7 @@ def record_calibration_stills(env, out: str | Path, n: int = 12, scale: int = 4,
     (out / "color").mkdir(parents=True)
     (out / "qpos").mkdir()
     scene, cell = env.scene, env.cell
+    env.nominal()  # the calibrated camera, the cell's own light (no episode's conditions)
     rng = np.random.default_rng([int(seed), STILLS_STREAM])
     m = scene.model
     lo = [m.jnt_range[m.joint(j).id][0] for j in _arm_joint_names(scene)]
