@@ -116,12 +116,16 @@ class LabEnv:
         c = self.conditions
         if c is None:
             return self.camera.rgb(self._sensor_rng)
-        clean = self.camera.clean() if self._view is None else self._render_view(c)
+        clean = self.clean_image()
         return self.camera.rgb(self._sensor_rng, clean, self._exposure(clean), c.white_balance)
 
-    def _render_view(self, c: EpisodeConditions) -> np.ndarray:
-        """The clean render with the camera where it is now, the distractors where they pass, and, with
-        motion blur, the mean of renders at states between the previous frame's and this one's."""
+    def clean_image(self) -> np.ndarray:
+        """The pinhole render (with its margin) the sensor gets now: the camera where it is now, the
+        distractors where they pass and, with motion blur, the mean of renders at states between the
+        previous frame's and this one's. uint8 (H + 2m, W + 2m, 3)."""
+        c = self.conditions
+        if c is None or self._view is None:
+            return self.camera.clean()
         m, v, now = self.scene.model, self._view, self.scene.data.qpos
         blur = self.cell.look.motion_blur
         fractions = np.linspace(1.0 - blur.exposure, 1.0, blur.samples) if self.realism["blur"] else [1.0]

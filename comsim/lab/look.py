@@ -136,8 +136,9 @@ def apply_look(ms: mujoco.MjSpec, cell: LabCell) -> None:
         if geom.name.startswith(ROBOT_PREFIX) and not geom.material:
             geom.rgba = [a * b for a, b in zip(geom.rgba, tint)]
     for o in cell.scene.objects:  # same true colour, with a little plastic sheen; some printed
-        if o.name in lk.prints:
+        if o.name in lk.prints:  # the print carries the colour: a geom's rgba would tint the texture
             printed_material(ms, f"lab_{o.name}", o.rgba, lk.prints[o.name], lk.object_specular)
+            ms.geom(OBJECT_PREFIX + o.name).rgba = [1.0, 1.0, 1.0, o.rgba[3]]
         else:
             ms.add_material(name=f"lab_{o.name}", rgba=o.rgba, specular=lk.object_specular, shininess=0.5)
         ms.geom(OBJECT_PREFIX + o.name).material = f"lab_{o.name}"

@@ -17,10 +17,9 @@ Each is an option of the lab cell YAML, off by default, so any cell can switch e
   states between the previous frame and this one, averaged);
 - ``physics_drift``: each episode's object friction and mass differ from the cell's.
 
-Everything drawn per episode comes from the episode seed alone (``episode_conditions``), from
-a random stream of its own, and every option draws its values whether it is on or not: one
-option switched off leaves the others' draws (and the layout, operator and sensor noise) as
-they were.
+Everything drawn per episode comes from the episode seed alone (``episode_conditions``), each
+option from a random stream of its own, whether it is on or not: one option switched off leaves
+the others' draws (and the layout, operator and sensor noise) as they were.
 """
 from __future__ import annotations
 
@@ -92,7 +91,8 @@ class LightDrift:
 @dataclass
 class ExposureLook:
     """Each episode's exposure and white balance, and auto-exposure within it."""
-    gain: list[float] = field(default_factory=lambda: [1.0, 1.0])  # per episode, log-uniform in [low, high]
+    # per episode, log-uniform in [low, high]: the exposure, or with auto-exposure its compensation
+    gain: list[float] = field(default_factory=lambda: [1.0, 1.0])
     white_balance: float = 0.0  # per episode, each channel's gain times a factor in [1 - wb, 1 + wb]
     auto: float = 0.0  # 0: fixed gain; 1: the gain fully compensates the scene's mean brightness
     target: float = 110.0  # mean grey level (of the clean render) auto-exposure aims at
@@ -251,7 +251,7 @@ def _geom_type_size(shape: str, size):
 
 
 def _half_height(shape: str, size) -> float:
-    return {"box": size[2] / 2, "cylinder": size[1] / 2}.get(shape, size[0])
+    return size[2] / 2 if shape == "box" else size[1] / 2 if shape == "cylinder" else size[0]
 
 
 def add_clutter(ms: mujoco.MjSpec, items: list[ClutterItem]) -> None:
@@ -312,36 +312,39 @@ class EpisodeConditions:
 def episode_conditions(cell, seed: int) -> EpisodeConditions:
     """The conditions of the episode with ``seed``: the same seed, the same conditions.
 
-    Every value is drawn whatever the options, in a fixed order, so switching one option
-    off leaves every other option's draws unchanged."""
-    rng = np.random.default_rng([int(seed), CONDITIONS_STREAM])
+    Each option draws from a random stream of its own, and draws its values whether it is on or
+    not: switching one option off (or removing a distractor) leaves the others' draws unchanged."""
+    def stream(k: int) -> np.random.Generator:
+        return np.random.default_rng([int(seed), CONDITIONS_STREAM, k])
+
+    def u(rng, a, shape):
+        return rng.uniform(-1.0, 1.0, shape) * a
+
     lk = cell.look
     n_lights, n_obj = len(lk.lights), len(cell.scene.objects)
-    ld = lk.light_drift
-    u = lambda a, shape: rng.uniform(-1.0, 1.0, shape) * a  # noqa: E731
-    intensity = 1.0 + u(ld.intensity, (n_lights, 1))
-    light_factor = intensity * (1.0 + u(ld.color, (n_lights, 3)))
-    light_tilt = u(np.radians(ld.direction_deg) / np.sqrt(2), (n_lights, 3))
-    light_shift = np.concatenate([u(ld.position_m, (n_lights, 2)), np.zeros((n_lights, 1))], 1)
-    ex = lk.exposure
+    ld, rng = lk.light_drift, stream(0)
+    light_factor = (1.0 + u(rng, ld.intensity, (n_lights, 1))) * (1.0 + u(rng, ld.color, (n_lights, 3)))
+    light_tilt = u(rng, np.radians(ld.direction_deg) / np.sqrt(2), (n_lights, 3))
+    light_shift = np.concatenate([u(rng, ld.position_m, (n_lights, 2)), np.zeros((n_lights, 1))], 1)
+    ex, rng = lk.exposure, stream(1)
     gain = float(np.exp(rng.uniform(np.log(ex.gain[0]), np.log(ex.gain[1]))))
-    wb = 1.0 + u(ex.white_balance, 3)
-    cm = lk.camera_motion
-    offset = np.asarray(cm.offset_px, np.float64) + u(cm.jitter_px, 2)
+    wb = 1.0 + u(rng, ex.white_balance, 3)
+    cm, rng = lk.camera_motion, stream(2)
+    offset = np.asarray(cm.offset_px, np.float64) + u(rng, cm.jitter_px, 2)
     drift = np.full(2, cm.drift_px) * rng.uniform(0.5, 1.0, 2)
     period = rng.uniform(cm.drift_period_s[0], cm.drift_period_s[1], 2)
     phase = rng.uniform(0, 2 * np.pi, 2)
     distractors = []
-    for d in lk.distractors:
+    for i, d in enumerate(lk.distractors):
+        rng = stream(10 + i)
         on = rng.uniform() < d.probability
-        start = np.asarray(d.start, np.float64) + u(d.jitter_m, 3)
-        end = np.asarray(d.end, np.float64) + u(d.jitter_m, 3)
-        speed = rng.uniform(*d.speed)
-        t0 = rng.uniform(*d.start_s)
+        start = np.asarray(d.start, np.float64) + u(rng, d.jitter_m, 3)
+        end = np.asarray(d.end, np.float64) + u(rng, d.jitter_m, 3)
+        speed, t0 = rng.uniform(*d.speed), rng.uniform(*d.start_s)
         rgba = d.colors[int(rng.integers(len(d.colors)))]
         distractors.append({"start": start, "end": end, "speed": float(speed), "t0": float(t0),
                             "rgba": list(rgba)} if on else None)
-    pd = cell.physics_drift
+    pd, rng = cell.physics_drift, stream(3)
     friction = rng.uniform(pd.friction[0], pd.friction[1], n_obj)
     mass = rng.uniform(pd.mass[0], pd.mass[1], n_obj)
     return EpisodeConditions(light_factor, light_tilt, light_shift, gain, wb, offset, drift, period, phase,
