@@ -86,7 +86,7 @@ class _NormalEquations:
         prior = np.vstack([np.eye(3), np.zeros((1, 3))])  # identity: real = sim
         lam = RIDGE * max(self.count[i], 1) * np.diag([1.0, 1.0, 1.0, 1e-4])
         W = np.linalg.solve(self.xtx[i] + lam, self.xty[i] + lam @ prior)
-        return W.T
+        return np.ascontiguousarray(W.T)
 
 
 @dataclass
@@ -144,6 +144,8 @@ class Baseline:
         if self.kind == "compositor":
             tensors.update(label_maps=self.label_maps.astype(np.float64), label_seen=self.label_seen.astype(np.uint8),
                            plate=self.plate.astype(np.uint8), plate_valid=self.plate_valid.astype(np.uint8))
+        # safetensors writes an array's memory as it lies: C order first (a map is a transposed solve)
+        tensors = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
         with atomic_output(folder / TENSORS_NAME) as tmp:
             save_file(tensors, str(tmp))
         cfg = {"format": "comsim.baseline/1", "kind": self.kind, "camera": self.camera,
