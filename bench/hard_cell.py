@@ -70,7 +70,8 @@ def physics_overrides(cell, twin) -> list[str]:
     out = [f"scene.table.friction={twin.table.friction}"]
     for i, o in enumerate(cell.scene.objects):
         if o.name in nominal:
-            out += [f"scene.objects.{i}.mass={nominal[o.name].mass}", f"scene.objects.{i}.friction={nominal[o.name].friction}"]
+            n = nominal[o.name]
+            out += [f"scene.objects.{i}.mass={n.mass}", f"scene.objects.{i}.friction={n.friction}"]
     return out
 
 
@@ -142,6 +143,7 @@ def baseline_scores(paired: Path, cam: str) -> dict:
     held = heldout(len(ds))
     train = [e for e in range(len(ds)) if e not in held]
     bases = fit_baselines(training_pairs(ds, cam, train), cam, RES)
+    objects = bases["compositor"].fit_info["object_labels"]
     acc = {k: {"psnr": [], "ssim": [], "crops": []} for k in bases}
     for e in held:
         ep = ds.read_episode(e, cameras=[cam, sim_key(cam), seg_key(cam)])
@@ -151,7 +153,7 @@ def baseline_scores(paired: Path, cam: str) -> dict:
             pred = b.apply(ep)
             acc[k]["psnr"].append(psnr(pred, real))
             acc[k]["ssim"].append(ssim(pred, real))
-            acc[k]["crops"].append(object_crop_scores(pred, real, labels))
+            acc[k]["crops"].append(object_crop_scores(pred, real, labels, objects=objects))
     return {"episodes_fit": train, "episodes_scored": held,
             **{k: {"psnr": round(float(np.mean(np.concatenate(v["psnr"]))), 2),
                    "ssim": round(float(np.mean(np.concatenate(v["ssim"]))), 3),

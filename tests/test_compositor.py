@@ -124,6 +124,7 @@ def test_object_crops_score_where_the_objects_are():
     crops = pool_crop_scores([object_crop_scores(wrong, real, labels)])
     assert crops["crops"] == len(real) and crops["psnr"] < frame - 5
     assert set(crops["psnr_per_label"]) == {2}
+    assert object_crops(real, labels, size=16, objects=[3]) == []  # only the labels asked for
 
 
 def test_object_crop_lpips_with_a_small_network():

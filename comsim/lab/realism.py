@@ -48,6 +48,7 @@ class PrintLook:
     pattern: str = "stripes"  # stripes | checker | two_tone | logo | label
     rgb: list[float] = field(default_factory=lambda: [0.95, 0.95, 0.92])  # the printed colour
     count: int = 3  # stripes, or checker squares per side
+    coverage: float = 0.4  # fraction of each face in ink (stripes, two_tone, logo, label; a checker is half)
     text: str = ""  # label: printed in a dark shade of the object's colour
     size: int = 64  # texture pixels per face side
 
@@ -137,8 +138,9 @@ def validate_realism(look, physics_drift: PhysicsDrift, object_names: set[str], 
         if p.pattern not in PRINT_PATTERNS:
             raise ConfigError(f"{key}.pattern: expected one of {PRINT_PATTERNS}, got {p.pattern!r}")
         rgb(f"{key}.rgb", p.rgb)
-        if not 1 <= p.count <= 32 or not 8 <= p.size <= 1024:
-            raise ConfigError(f"{key}: expected count in 1..32 and size in 8..1024, got {p.count}, {p.size}")
+        if not 1 <= p.count <= 32 or not 8 <= p.size <= 1024 or not 0 < p.coverage < 1:
+            raise ConfigError(f"{key}: expected count in 1..32, size in 8..1024 and coverage in (0, 1), "
+                              f"got {p.count}, {p.size}, {p.coverage}")
 
     def shape_size(key, shape, size):
         want = {"box": 3, "cylinder": 2, "sphere": 1}
@@ -205,17 +207,17 @@ def print_image(base_rgb, p: PrintLook) -> np.ndarray:
     n = p.size
     base, ink = np.asarray(base_rgb[:3], np.float32), np.asarray(p.rgb, np.float32)
     v, u = (np.mgrid[0:n, 0:n].astype(np.float32) + 0.5) / n
-    if p.pattern == "stripes":  # count bands of ink, evenly spaced, with base colour at both edges
-        on = np.floor(v * (2 * p.count + 1)).astype(int) % 2 == 1
+    if p.pattern == "stripes":  # count evenly spaced bands of ink, coverage / count wide each
+        on = np.abs((v * p.count) % 1.0 - 0.5) < p.coverage / 2
     elif p.pattern == "checker":
         on = (np.floor(u * p.count) + np.floor(v * p.count)).astype(int) % 2 == 1
     elif p.pattern == "two_tone":
-        on = v >= 0.5
-    elif p.pattern == "logo":  # a ring with a dot in it
-        r = np.hypot(u - 0.5, v - 0.5)
+        on = v >= 1.0 - p.coverage
+    elif p.pattern == "logo":  # a ring with a dot in it, scaled to cover ``coverage`` of the face
+        r = np.hypot(u - 0.5, v - 0.5) / np.sqrt(p.coverage / (np.pi * (0.34**2 - 0.22**2 + 0.1**2)))
         on = ((r > 0.22) & (r < 0.34)) | (r < 0.1)
     else:  # label: a band across the face (it wraps round the object), with text on it
-        on = (v > 0.3) & (v < 0.7)
+        on = np.abs(v - 0.5) < p.coverage / 2
     img = np.where(on[..., None], ink, base)
     out = np.clip(img * 255 + 0.5, 0, 255).astype(np.uint8)
     if p.pattern == "label" and p.text:

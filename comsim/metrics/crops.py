@@ -24,9 +24,11 @@ MIN_PIXELS = 4
 FIRST_OBJECT_LABEL = 2  # 0 background, 1 robot, 2 + k object k
 
 
-def object_crops(frames: np.ndarray, labels: np.ndarray, size: int = CROP_PX,
-                 min_pixels: int = MIN_PIXELS) -> list[tuple[int, int, int, int]]:
-    """Where the crops are: [(frame, label, top, left)] for every visible object of every frame."""
+def object_crops(frames: np.ndarray, labels: np.ndarray, size: int = CROP_PX, min_pixels: int = MIN_PIXELS,
+                 objects=None) -> list[tuple[int, int, int, int]]:
+    """Where the crops are: [(frame, label, top, left)] for every visible object of every frame.
+    ``objects``: the labels to crop (default: every label >= 2; pass the twin's objects' labels where
+    known, so that a label decoded from codec-blended edges is never taken for an object)."""
     T, H, W = labels.shape
     if frames.shape[:3] != (T, H, W):
         raise ValueError(f"object crops: frames {frames.shape[:3]} and labels {labels.shape} differ")
@@ -35,7 +37,7 @@ def object_crops(frames: np.ndarray, labels: np.ndarray, size: int = CROP_PX,
     boxes = []
     for t in range(T):
         for lab in np.unique(labels[t]):
-            if lab < FIRST_OBJECT_LABEL:
+            if lab < FIRST_OBJECT_LABEL or (objects is not None and lab not in objects):
                 continue
             ys, xs = np.nonzero(labels[t] == lab)
             if len(ys) < min_pixels:
@@ -52,12 +54,13 @@ def _cut(frames: np.ndarray, boxes, size: int) -> np.ndarray:
 
 
 def object_crop_scores(pred: np.ndarray, ref: np.ndarray, labels: np.ndarray, lpips_model=None,
-                       size: int = CROP_PX, lpips_size: int = LPIPS_PX, min_pixels: int = MIN_PIXELS) -> dict:
+                       size: int = CROP_PX, lpips_size: int = LPIPS_PX, min_pixels: int = MIN_PIXELS,
+                       objects=None) -> dict:
     """Crop scores of ``pred`` against ``ref`` (uint8 (T, H, W, 3)) around the objects of ``labels``
     (int (T, H, W), the twin's). ``lpips_model``: an ``lpips.LPIPS`` (``comsim.metrics.load_lpips``), or
-    None for PSNR only. Returns per-crop values too (``psnr_per_crop``, ``lpips_per_crop``, ``crops``) so
-    that several episodes pool by crop (``pool_crop_scores``)."""
-    boxes = object_crops(pred, labels, size, min_pixels)
+    None for PSNR only; ``objects``: as ``object_crops``. Returns per-crop values too (``psnr_per_crop``,
+    ``lpips_per_crop``, ``crops``) so that several episodes pool by crop (``pool_crop_scores``)."""
+    boxes = object_crops(pred, labels, size, min_pixels, objects)
     if pred.shape != ref.shape:
         raise ValueError(f"object crops: pred {pred.shape} and ref {ref.shape} differ")
     p, r = _cut(pred, boxes, size), _cut(ref, boxes, size)

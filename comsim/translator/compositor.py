@@ -38,6 +38,7 @@ BACKGROUND = 0
 MAX_LABELS = 16  # labels 0 (background), 1 (robot), 2 + k (object k); more than the palette holds
 RIDGE = 1e-3  # on the normal equations: a label seen in a few flat-coloured pixels still gets a map
 PLATE_FRAMES = 400  # training frames (evenly spaced) whose backdrop pixels give the plate's median
+OBJECT_MIN_PIXELS = 4  # mean pixels per training frame of a label that is one of the twin's objects
 
 
 def decode_labels(seg_frames: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
@@ -212,7 +213,10 @@ def fit_baselines(pairs, camera: str, resolution: tuple[int, int] | None = None,
     plate, valid = background_plate(real_kept, lab_kept == BACKGROUND)
     info = {"frames": int(n_frames), "episodes": len(pairs), "plate_frames": int(len(real_kept)),
             "plate_coverage": round(float(valid.mean()), 4),
-            "label_pixels": {int(i): int(normal.count[i]) for i in range(MAX_LABELS) if seen[i]}}
+            "label_pixels": {int(i): int(normal.count[i]) for i in range(MAX_LABELS) if seen[i]},
+            # the twin's objects: labels >= 2 seen on average in OBJECT_MIN_PIXELS a frame (a label decoded
+            # from a few codec-blended edge pixels is not one)
+            "object_labels": [i for i in range(2, MAX_LABELS) if normal.count[i] >= OBJECT_MIN_PIXELS * n_frames]}
     res = tuple(int(v) for v in resolution)
     return {"raw": Baseline("raw", camera, res, fit_info=info),
             "global_color": Baseline("global_color", camera, res, global_map=global_map, fit_info=info),
