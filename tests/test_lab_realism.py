@@ -211,6 +211,9 @@ def test_camera_is_about_a_pixel_off_the_stills_and_drifts():
         still = env.camera.clean()
         cell = env.cell
         T_still = env.camera_pose()
+        env.place_camera(T_episode)  # a frame's true pose, from the truth: its true labels are drawn there
+        assert np.array_equal(env.camera.clean(), episode)
+        env.place_camera(None)
         env.reset(6)
         poses = []
         for k in range(20):
@@ -243,6 +246,8 @@ def test_motion_blur_smears_the_moving_arm_not_the_background():
         sharp.step(q), blurred.step(q)
         a, b = sharp.clean_image().astype(float), blurred.clean_image().astype(float)
         seg_after = sharp.camera.renderer.segmentation() == 1
+        blurred._last_render = (-1, None)  # the shutter's first sample re-rendered, not taken from the last frame
+        assert np.array_equal(blurred.clean_image(), b.astype(np.uint8))
     arm = cv2.dilate((seg_before | seg_after).astype(np.uint8), np.ones((3, 3), np.uint8)) > 0
     # far from where the arm was and is (it sweeps the pixels between), and no shadow moved there
     near = cv2.dilate(arm.astype(np.uint8), np.ones((41, 41), np.uint8)) > 0

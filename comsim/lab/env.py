@@ -66,6 +66,7 @@ class LabEnv:
         self._view = mujoco.MjData(m) if any(self.realism[k] for k in ("camera", "blur", "distractors")) else None
         self._quat_adr = [m.jnt_qposadr[m.joint(OBJECT_PREFIX + n).id] + 3 for n in self.scene.object_names]
         self._prev_qpos = self.scene.data.qpos.copy()
+        self._last_render: tuple[int, np.ndarray | None] = (-1, None)
 
     @property
     def task_name(self) -> str:
@@ -85,6 +86,7 @@ class LabEnv:
         self._sensor_rng = np.random.default_rng([self.seed, SENSOR_STREAM])
         self.frame = 0
         self._prev_qpos = self.scene.data.qpos.copy()
+        self._last_render = (-1, None)  # (frame, render at its instant): motion blur reuses it
         return self.observe()
 
     def nominal(self) -> None:
@@ -131,15 +133,25 @@ class LabEnv:
         fractions = np.linspace(1.0 - blur.exposure, 1.0, blur.samples) if self.realism["blur"] else [1.0]
         acc = None
         for a in fractions:  # the last one is this frame's instant: the camera is left where it is now
-            t = (self.frame - (1.0 - a)) / self.fps
-            v.qpos[:] = interpolate_qpos(self._prev_qpos, now, a, self._quat_adr)
-            self._conditions.place_distractors(v, c, t)
-            self._conditions.set_camera(c.camera_shift_px(t) if self.realism["camera"] else None)
-            mujoco.mj_kinematics(m, v)
-            mujoco.mj_camlight(m, v)
-            img = self.camera.clean(v).astype(np.float32)
+            if a == 0.0 and self._last_render[0] == self.frame - 1:
+                img = self._last_render[1]  # a shutter open the whole interval starts where the last frame ended
+            else:
+                t = (self.frame - (1.0 - a)) / self.fps
+                v.qpos[:] = interpolate_qpos(self._prev_qpos, now, a, self._quat_adr)
+                self._conditions.place_distractors(v, c, t)
+                self._conditions.set_camera(c.camera_shift_px(t) if self.realism["camera"] else None)
+                mujoco.mj_kinematics(m, v)
+                mujoco.mj_camlight(m, v)
+                img = self.camera.clean(v).astype(np.float32)
             acc = img if acc is None else acc + img
+        self._last_render = (self.frame, img)
         return np.clip(acc / len(fractions) + 0.5, 0, 255).astype(np.uint8)
+
+    def place_camera(self, T_cam_from_base=None) -> None:
+        """Put the camera at ``T_cam_from_base`` (None: its calibrated pose): e.g. a recorded frame's true
+        pose (``camera_T_cam_from_base`` in the episode's truth), to draw its true labels."""
+        self._conditions.place_camera(None if T_cam_from_base is None else np.asarray(T_cam_from_base, np.float64))
+        mujoco.mj_camlight(self.scene.model, self.scene.data)
 
     def camera_pose(self) -> np.ndarray:
         """The true ``T_cam_from_base`` of the frame just observed (the camera may move: realism)."""

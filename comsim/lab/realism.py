@@ -439,13 +439,18 @@ class ConditionsApplier:
         return shifted_camera(self.T_cam_from_base, self.K, shift_px)
 
     def set_camera(self, shift_px) -> None:
-        """Move the render camera (None: its calibrated pose); call ``mj_camlight`` before rendering."""
+        """Move the render camera to shift the image by ``shift_px`` (None: its calibrated pose); call
+        ``mj_camlight`` before rendering."""
+        self.place_camera(None if shift_px is None else self.camera_T(shift_px))
+
+    def place_camera(self, T_cam_from_base) -> None:
+        """Put the render camera at ``T_cam_from_base`` (None: its calibrated pose)."""
         m = self.model
-        if shift_px is None:
+        if T_cam_from_base is None:
             m.cam_pos[self.cam_id], m.cam_quat[self.cam_id] = self.cam_pos, self.cam_quat
             return
         w, h = self.render_size
-        p = opencv_to_mujoco(self.render_K, self.camera_T(shift_px), w, h, self.T_world_from_base)
+        p = opencv_to_mujoco(self.render_K, T_cam_from_base, w, h, self.T_world_from_base)
         m.cam_pos[self.cam_id], m.cam_quat[self.cam_id] = p.pos, p.quat
 
     def place_distractors(self, data: mujoco.MjData, c: EpisodeConditions | None, t: float) -> None:
