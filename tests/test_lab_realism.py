@@ -62,7 +62,7 @@ def digest(*arrays) -> str:
 
 def test_cells_without_realism_keep_their_hash():
     """The options are off by default and left out of the cell's dict: the built-in cells' hashes (written into
-    every recording's provenance and truth) are the ones taken before the options existed."""
+    every recording's provenance and truth) are the ones of the cells without the options."""
     assert load_lab_cell(DEFAULT).hash() == "a471d0a9aa59a02f"
     assert load_lab_cell(COOL).hash() == "d79ee644e27b4fad"
     d = load_lab_cell(DEFAULT).to_dict()
@@ -72,8 +72,8 @@ def test_cells_without_realism_keep_their_hash():
 
 
 def test_default_cell_recording_is_unchanged():
-    """A default-cell push episode (frames, states, actions, hidden truth) hashes as it did before the realism
-    options existed (tests/data/lab_default_recording.json). States, actions and truth are compared always;
+    """A default-cell push episode (frames, states, actions, hidden truth) hashes as the one recorded by the lab
+    without realism options (tests/data/lab_default_recording.json). States, actions and truth are compared always;
     frames only with the OpenGL renderer the reference was taken with (other drivers rasterize differently)."""
     ref = json.loads(REFERENCE.read_text())
     with LabEnv(load_lab_cell(DEFAULT), "push") as env:
@@ -296,3 +296,30 @@ def test_workshop_episode_is_the_same_bytes_for_the_same_seed():
                 obs.append(env.step(q)[0]["image"])
             frames.append(np.stack(obs))
     assert np.array_equal(frames[0], frames[1])
+
+
+# ---------------------------------------------------------------- the workshop, end to end (slow)
+
+
+@pytest.mark.slow
+def test_the_twin_aligns_on_the_workshop_and_renders_it_as_far_off_as_real_video(tmp_path):
+    """The demo's lab and twin stages on the workshop (comsim/demo.py: record_dataset with calibration
+    stills, replay_dataset in physics mode from the nominal twin): the camera is calibrated from the
+    cell's own stills, the objects are found, and the raw render is in the range of real paired video
+    (15-19 dB PSNR, per frame then the mean, 128x128)."""
+    from comsim.io.lerobot import LeRobotDataset
+    from comsim.lab import record_dataset
+    from comsim.metrics.frame import mean_psnr
+    from comsim.twin.replay import replay_dataset
+
+    lab = record_dataset("push", 3, tmp_path / "lab", seed=0, cell=WORKSHOP, calibration_stills=12)
+    paired = replay_dataset(lab, PANDA_PUSH_CELL, tmp_path / "paired", mode="physics", workers=2)
+    summary = json.loads((paired / "alignment_report.json").read_text())["summary"]
+    assert summary["camera_position_error_m"] < 0.02 and summary["camera_rotation_error_deg"] < 1.0, summary
+    assert summary["object_initial_error_m_max"] < 0.06, summary
+    ds = LeRobotDataset(paired)
+    eps = [ds.read_episode(e, cameras=["front", "front_sim"]) for e in range(len(ds))]
+    psnr = mean_psnr((ep.frames["front_sim"], ep.frames["front"]) for ep in eps)
+    assert 15.0 <= psnr <= 19.0, psnr
+    truth = np.load(lab / "lab_truth" / "episode_000000.npz")
+    assert truth["camera_T_cam_from_base"].shape == (len(eps[0]), 4, 4)  # the moving camera's true poses

@@ -132,8 +132,9 @@ class LabCell:
     physics_drift: PhysicsDrift = field(default_factory=PhysicsDrift)  # per-episode object friction and mass
 
     def to_dict(self) -> dict:
-        """The cell as plain data, without the realism options left at their defaults (off): a cell
-        that uses none of them has the dict, hash and recordings it had before they existed."""
+        """The cell as plain data, without the realism options left at their defaults (off): the hash
+        (and the recordings' provenance and truth) of a cell that uses none of them depends on its
+        other settings alone."""
         d = dataclasses.asdict(self)
         for key, value in _REALISM_DEFAULTS["look"].items():
             if d["look"][key] == value:

@@ -12,6 +12,11 @@ policy scored here meets exactly what the demonstrations met.
 
 ``truth()`` returns the hidden state (object poses, contacts) that only the scripted
 operator and evaluators may use.
+
+A cell's realism options (``comsim.lab.realism``) act here: ``reset`` draws the episode's
+conditions from its seed (lights, exposure, white balance, camera offset and drift, a passing
+distractor, object friction and mass) and each observation renders them (``clean_image``); a cell
+without them takes the plain path (no extra render, no extra random draw).
 """
 from __future__ import annotations
 
