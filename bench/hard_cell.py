@@ -133,6 +133,10 @@ def alignment_summary(lab: Path, paired: Path) -> dict:
             flags["objects_refined"].setdefault(n, []).append(
                 {"episode": e, "refined": r.get("refined"),
                  "track_residual": None if r.get("track_residual") is None else round(float(r["track_residual"]), 4)})
+    # scored against the truth here, not flagged by the aligner: objects placed more than 5 cm off
+    far = {e["episode"]: {n: round(v, 3) for n, v in e.get("object_initial_error_m", {}).items() if v > 0.05}
+           for e in rep["episodes"]}
+    out["objects_off_by_more_than_5cm"] = {e: v for e, v in far.items() if v}
     return {"errors_vs_truth": out, "flags": flags}
 
 
