@@ -82,23 +82,32 @@ def heldout(n: int) -> list[int]:
     return [e for _, e in split_episodes([n], max(1, n // 5))[1]]
 
 
+def twin_objects(paired: Path) -> list[int]:
+    """The labels of the twin's objects (2 + k for its k-th object)."""
+    return list(range(2, 2 + len(json.loads((paired / "twin_alignment.json").read_text())["spec"]["objects"])))
+
+
 def raw_scores(paired: Path, cam: str) -> dict:
-    """Raw twin render vs the cell's frames at 128x128: PSNR per frame then the mean, and SSIM."""
+    """Raw twin render vs the cell's frames at 128x128: PSNR per frame then the mean, SSIM, and PSNR of
+    16x16 crops around the twin's objects (comsim.metrics.crops)."""
     ds = LeRobotDataset(paired)
+    objects = twin_objects(paired)
     per_ep = []
     for e in range(len(ds)):
-        ep = ds.read_episode(e, cameras=[cam, sim_key(cam)])
+        ep = ds.read_episode(e, cameras=[cam, sim_key(cam), seg_key(cam)])
         real, sim = resize_frames(ep.frames[cam], RES), resize_frames(ep.frames[sim_key(cam)], RES)
-        per_ep.append((psnr(sim, real), ssim(sim, real)))
+        crops = object_crop_scores(sim, real, decode_labels(ep.frames[seg_key(cam)], RES), objects=objects)
+        per_ep.append((psnr(sim, real), ssim(sim, real), crops))
     held = heldout(len(ds))
 
     def pooled(eps):
         return {"psnr": round(float(np.mean(np.concatenate([per_ep[e][0] for e in eps]))), 2),
                 "ssim": round(float(np.mean(np.concatenate([per_ep[e][1] for e in eps]))), 3),
+                "object_crop_psnr": pool_crop_scores([per_ep[e][2] for e in eps])["psnr"],
                 "frames": int(sum(len(per_ep[e][0]) for e in eps))}
 
     return {"all_pairs": pooled(range(len(ds))), "heldout_pairs": {**pooled(held), "episodes": held},
-            "per_episode_psnr": [round(float(p.mean()), 2) for p, _ in per_ep]}
+            "per_episode_psnr": [round(float(p.mean()), 2) for p, _, _ in per_ep]}
 
 
 def alignment_summary(lab: Path, paired: Path) -> dict:
@@ -147,7 +156,7 @@ def baseline_scores(paired: Path, cam: str) -> dict:
     held = heldout(len(ds))
     train = [e for e in range(len(ds)) if e not in held]
     bases = fit_baselines(training_pairs(ds, cam, train), cam, RES)
-    objects = bases["compositor"].fit_info["object_labels"]
+    objects = twin_objects(paired)
     acc = {k: {"psnr": [], "ssim": [], "crops": []} for k in bases}
     for e in held:
         ep = ds.read_episode(e, cameras=[cam, sim_key(cam), seg_key(cam)])
@@ -232,8 +241,11 @@ def main(argv=None) -> dict:
         r = run_variant(a.out / f"off_{f}", cell_path, ov, a, baselines=False)
         raw = r["raw_twin"]
         rows.append({"off": f, "psnr_all": raw["all_pairs"]["psnr"], "ssim_all": raw["all_pairs"]["ssim"],
+                     "object_crop_psnr_all": raw["all_pairs"]["object_crop_psnr"],
                      "psnr_heldout": raw["heldout_pairs"]["psnr"], "ssim_heldout": raw["heldout_pairs"]["ssim"],
                      "gain_db_when_off": round(raw["all_pairs"]["psnr"] - full, 2),
+                     "robot_iou_vs_true_masks": r["errors_vs_truth"].get("mean_robot_iou_vs_true_masks"),
+                     "object_initial_error_m_mean": r["errors_vs_truth"].get("object_initial_error_m_mean"),
                      "camera_error_m": r["errors_vs_truth"].get("camera_position_error_m"),
                      "camera_error_deg": r["errors_vs_truth"].get("camera_rotation_error_deg"),
                      "object_trajectory_error_m_mean": r["errors_vs_truth"].get("object_trajectory_error_m_mean")})
