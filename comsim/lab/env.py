@@ -71,7 +71,7 @@ class LabEnv:
         self._view = mujoco.MjData(m) if any(self.realism[k] for k in ("camera", "blur", "distractors")) else None
         self._quat_adr = [m.jnt_qposadr[m.joint(OBJECT_PREFIX + n).id] + 3 for n in self.scene.object_names]
         self._prev_qpos = self.scene.data.qpos.copy()
-        self._last_render: tuple[int, np.ndarray | None] = (-1, None)
+        self._last_render: tuple[int | None, np.ndarray | None] = (None, None)
 
     @property
     def task_name(self) -> str:
@@ -91,7 +91,7 @@ class LabEnv:
         self._sensor_rng = np.random.default_rng([self.seed, SENSOR_STREAM])
         self.frame = 0
         self._prev_qpos = self.scene.data.qpos.copy()
-        self._last_render = (-1, None)  # (frame, render at its instant): motion blur reuses it
+        self._last_render = (None, None)  # (frame, render at its instant): motion blur reuses it
         return self.observe()
 
     def nominal(self) -> None:
@@ -138,7 +138,7 @@ class LabEnv:
         fractions = np.linspace(1.0 - blur.exposure, 1.0, blur.samples) if self.realism["blur"] else [1.0]
         acc = None
         for a in fractions:  # the last one is this frame's instant: the camera is left where it is now
-            if a == 0.0 and self._last_render[0] == self.frame - 1:
+            if a == 0.0 and self._last_render[0] is not None and self._last_render[0] == self.frame - 1:
                 img = self._last_render[1]  # a shutter open the whole interval starts where the last frame ended
             else:
                 t = (self.frame - (1.0 - a)) / self.fps
