@@ -205,7 +205,7 @@ def validate_lab_cell(cell: LabCell) -> None:
     if len(s.white_balance) != 3 or not 1 <= s.jpeg_quality <= 100:
         raise ConfigError("look.sensor: white_balance needs 3 gains and jpeg_quality 1..100")
 
-    validate_realism(lk, cell.physics_drift, names, len(lk.lights))
+    validate_realism(lk, cell.physics_drift, names)
 
     push, stack = cell.tasks.push, cell.tasks.stack
     for key, name in (("tasks.push.cube", push.cube), ("tasks.stack.top", stack.top),

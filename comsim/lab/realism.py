@@ -122,7 +122,7 @@ class PhysicsDrift:
     mass: list[float] = field(default_factory=lambda: [1.0, 1.0])  # on every object's mass and inertia
 
 
-def validate_realism(look, physics_drift: PhysicsDrift, object_names: set[str], n_lights: int) -> None:
+def validate_realism(look, physics_drift: PhysicsDrift, object_names: set[str]) -> None:
     """ConfigError naming the key of a malformed realism option (called by ``validate_lab_cell``)."""
     from comsim.config import ConfigError
 
