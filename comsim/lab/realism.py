@@ -85,7 +85,7 @@ class LightDrift:
     """How each episode's lights differ from the cell's (uniform draws per episode)."""
     intensity: float = 0.0  # diffuse and ambient scaled by a factor in [1 - intensity, 1 + intensity]
     color: float = 0.0  # ... and each channel by a factor in [1 - color, 1 + color]
-    direction_deg: float = 0.0  # each light's direction tilted by up to this
+    direction_deg: float = 0.0  # each light's direction turned by up to this / sqrt(2) about each axis
     position_m: float = 0.0  # each light moved by up to this along x and y
 
 
