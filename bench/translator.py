@@ -7,7 +7,11 @@
 
 On the HELD-OUT episodes (the config's data.val_episodes) it reports PSNR against the real
 frames of: the raw sim render, action-only (w_action=1, w_sim=0), sim-only (0, 1) and composed
-samples (the config's sampling weights), over whole episodes (overlapping windows).
+samples (the config's sampling weights), over whole episodes (overlapping windows). On paired
+datasets with the twin's labels, ``baselines`` puts the composed samples beside the no-network
+baselines fit on the training pairs (raw twin render, a global colour map, the compositor: real
+background plate + per-label colour maps) on the same frames: PSNR, SSIM, FID, LPIPS (where its
+weights are on disk) and object-crop scores.
 
 Action consistency: action-only samples driven by ANOTHER held-out episode's actions; the
 arm found in them is compared with where those actions put it (IoU). Two references: the
@@ -179,10 +183,11 @@ def lab_action_consistency(cfg, pipe, episodes, n_steps: int, fit_episodes: int 
     return result
 
 
-def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
+def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fid_for=("composed",)) -> dict:
     """PSNR (per frame, mean) and FID at the recording's resolution; generated frames are upsampled
     bilinearly when the translator works below it. FID: InceptionV3 pool features, covariances / (N - 1),
-    at most ``fid_frames`` frames per side (evenly spaced), against the held-out real frames."""
+    at most ``fid_frames`` frames per side (evenly spaced), against the held-out real frames; for the raw
+    sim render and the ``fid_for`` entries of ``gens``."""
     from comsim.io.lerobot import LeRobotDataset
     from comsim.metrics.frechet import InceptionFeatures, fid
 
@@ -203,7 +208,61 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int) -> dict:
             np.concatenate(vs))
         ref = feats(pick(reals))
         out["fid"] = {"sim": round(fid(feats(pick(sims)), ref), 1), "frames": int(len(ref))}
-        out["fid"]["composed"] = round(fid(feats(pick(ups["composed"])), ref), 1)  # InceptionV3 is the cost
+        for m in fid_for:  # InceptionV3 is the cost
+            out["fid"][m] = round(fid(feats(pick(ups[m])), ref), 1)
+    return out
+
+
+def baseline_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fit_episodes: int = 40) -> dict | None:
+    """The no-network baselines (comsim.translator.compositor: raw twin render, one global affine colour map,
+    the compositor of real background plate + per-label affine maps), fit on up to ``fit_episodes`` TRAINING
+    pairs, beside the translator's composed samples on the same held-out frames: PSNR (per frame, then the
+    mean) and SSIM at the model resolution, PSNR and FID at the recording's (``native_scores``), LPIPS where
+    its weights are on disk, and object-crop PSNR/LPIPS (comsim.metrics.crops: 16x16 around each twin object's
+    label centroid). None without the twin's labels."""
+    from comsim.metrics.crops import object_crop_scores, pool_crop_scores
+    from comsim.metrics.frame import ssim
+    from comsim.metrics.frechet import MetricUnavailable
+    from comsim.io.labels import labels_from_palette
+    from comsim.translator.compositor import fit_baselines, training_pairs
+
+    labelled = labelled_training_episodes(cfg, fit_episodes)
+    if labelled is None:
+        return None
+    cam, res, seg, sources, fit = labelled
+    bases = fit_baselines((next(training_pairs(sources[s], cam, [e])) for s, e in fit), cam, res)
+    preds, labels = {k: [] for k in bases}, []
+    for ep in episodes:
+        w = sources[ep["source"]].read_window(ep["episode"], 0, ep["n"], cameras=[sim_key(cam), seg])
+        labels.append(labels_from_palette(w.frames[seg], res))
+        for k, b in bases.items():
+            preds[k].append(b.apply(w))
+    preds["translator"] = gens["composed"]
+    reals = [e["real"] for e in episodes]
+    native = native_scores(cfg, pipe, episodes, preds, fid_frames, fid_for=list(preds))
+    try:
+        from comsim.metrics.frame import load_lpips, lpips_distance
+        lpips_model, lpips_note = load_lpips(), None
+    except MetricUnavailable as e:
+        lpips_model, lpips_note = None, str(e)
+    out = {"how": "fit on %d training episodes' pairs (%s); scored on the held-out episodes' frames the translator "
+                  "is scored on, at %dx%d; translator = the composed samples" % (len(fit), cam, res[0], res[1]),
+           "fit": bases["compositor"].fit_info, "psnr": {}, "ssim": {}, "psnr_native": native["psnr"],
+           "fid_native": native.get("fid"), "lpips": {} if lpips_model is not None else None,
+           "object_crops": {}}
+    if lpips_note:
+        out["lpips_unavailable"] = lpips_note
+    for k, ps in preds.items():
+        out["psnr"][k] = round(mean_psnr(zip(ps, reals)), 2)
+        out["ssim"][k] = round(float(np.mean(np.concatenate([ssim(p, r) for p, r in zip(ps, reals)]))), 4)
+        if lpips_model is not None:
+            out["lpips"][k] = round(float(np.mean(np.concatenate(
+                [lpips_distance(p, r, lpips_model) for p, r in zip(ps, reals)]))), 4)
+        objects = bases["compositor"].fit_info["object_labels"]
+        out["object_crops"][k] = pool_crop_scores([object_crop_scores(p, r, lab, lpips_model=lpips_model,
+                                                                      objects=objects)
+                                                   for p, r, lab in zip(ps, reals, labels)])
+    out["translator_margin_db_over_compositor"] = round(out["psnr"]["translator"] - out["psnr"]["compositor"], 2)
     return out
 
 
@@ -334,6 +393,7 @@ def main(argv=None):
         native = native_scores(cfg, pipe, episodes, gens, args.fid_frames)
         result["psnr_native"], result["fid_native"] = native["psnr"], native.get("fid")
         result["object_fidelity"] = held_out_fidelity(cfg, episodes, {"composed": gens["composed"]})
+        result["baselines"] = baseline_scores(cfg, pipe, episodes, gens, args.fid_frames)
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
     result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
                    "num_steps": n_steps, "overlap": pipe.resolve_overlap(overlap),

@@ -7,7 +7,6 @@ import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
@@ -289,7 +288,7 @@ def test_truth_and_intrinsics_sit_outside_meta(recorded):
     cell = load_lab_cell()
     np.testing.assert_allclose(truth.T_cam_from_base, cell.scene.camera("front").T_cam_from_base)
     assert truth.object_colors["red_cube"] == cell.scene.objects[0].rgba
-    assert truth.info["cell"] == json.loads(json.dumps(dataclasses.asdict(cell)))
+    assert truth.info["cell"] == json.loads(json.dumps(cell.to_dict()))
     assert not list(root.rglob(".*tmp*")) and not (root / ".staging").exists()
 
 

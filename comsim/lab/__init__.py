@@ -11,8 +11,10 @@ compression) and hidden ground truth that the twin never reads.
     obs, success, done = env.step(action)
 
 Modules: cell (YAML -> LabCell), look (textures, lights, LabCamera), effects (sensor model),
-tasks (layouts, success predicates), teleop (scripted operator), env (LabEnv),
-record (datasets), truth (hidden truth and public intrinsics files).
+realism (what no twin models, off by default: prints, clutter, distractors, light and exposure
+that change between episodes, a camera that moves, motion blur, physics drift), tasks (layouts,
+success predicates), teleop (scripted operator), env (LabEnv), record (datasets), truth (hidden
+truth and public intrinsics files).
 """
 from comsim.lab.cell import DEFAULT_CELL, LabCell, load_lab_cell
 from comsim.lab.env import LabEnv

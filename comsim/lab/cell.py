@@ -15,6 +15,8 @@ from pathlib import Path
 from comsim.config import CONFIGS, ConfigError, apply_overrides, config_file, from_dict, load_yaml
 from comsim.episode import hash_dict
 from comsim.lab.effects import SensorLook
+from comsim.lab.realism import (CameraMotion, ClutterItem, DistractorLook, ExposureLook, LightDrift, MotionBlur,
+                                PhysicsDrift, PrintLook, validate_realism)
 from comsim.sim.spec import SceneSpec, validate_scene_spec
 
 DEFAULT_CELL = CONFIGS / "lab" / "default.yaml"
@@ -57,6 +59,14 @@ class LabLook:
     object_specular: float = 0.3
     render_margin: int = 8  # px rendered around the image so lens distortion has real content to pull in
     sensor: SensorLook = field(default_factory=SensorLook)
+    # What the twin cannot model (comsim/lab/realism.py), all off by default:
+    prints: dict[str, PrintLook] = field(default_factory=dict)  # object name -> print on its faces
+    clutter: list[ClutterItem] = field(default_factory=list)
+    distractors: list[DistractorLook] = field(default_factory=list)
+    light_drift: LightDrift = field(default_factory=LightDrift)
+    exposure: ExposureLook = field(default_factory=ExposureLook)
+    camera_motion: CameraMotion = field(default_factory=CameraMotion)
+    motion_blur: MotionBlur = field(default_factory=MotionBlur)
 
 
 @dataclass
@@ -119,9 +129,30 @@ class LabCell:
     operator: OperatorHabits = field(default_factory=OperatorHabits)
     camera: str = "front"
     fps: int = 10
+    physics_drift: PhysicsDrift = field(default_factory=PhysicsDrift)  # per-episode object friction and mass
+
+    def to_dict(self) -> dict:
+        """The cell as plain data, without the realism options left at their defaults (off): the hash
+        (and the recordings' provenance and truth) of a cell that uses none of them depends on its
+        other settings alone."""
+        d = dataclasses.asdict(self)
+        for key, value in _REALISM_DEFAULTS["look"].items():
+            if d["look"][key] == value:
+                del d["look"][key]
+        if d["physics_drift"] == _REALISM_DEFAULTS["physics_drift"]:
+            del d["physics_drift"]
+        return d
 
     def hash(self) -> str:
-        return hash_dict(dataclasses.asdict(self))
+        return hash_dict(self.to_dict())
+
+
+_REALISM_DEFAULTS = {
+    "look": {"prints": {}, "clutter": [], "distractors": [], "light_drift": dataclasses.asdict(LightDrift()),
+             "exposure": dataclasses.asdict(ExposureLook()), "camera_motion": dataclasses.asdict(CameraMotion()),
+             "motion_blur": dataclasses.asdict(MotionBlur())},
+    "physics_drift": dataclasses.asdict(PhysicsDrift()),
+}
 
 
 def load_lab_cell(path: str | Path | None = None, overrides: list[str] | None = None) -> LabCell:
@@ -173,6 +204,8 @@ def validate_lab_cell(cell: LabCell) -> None:
     s = lk.sensor
     if len(s.white_balance) != 3 or not 1 <= s.jpeg_quality <= 100:
         raise ConfigError("look.sensor: white_balance needs 3 gains and jpeg_quality 1..100")
+
+    validate_realism(lk, cell.physics_drift, names)
 
     push, stack = cell.tasks.push, cell.tasks.stack
     for key, name in (("tasks.push.cube", push.cube), ("tasks.stack.top", stack.top),

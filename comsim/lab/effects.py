@@ -96,12 +96,18 @@ class SensorModel:
                         borderMode=cv2.BORDER_REPLICATE)
         return out.astype(labels.dtype)
 
-    def __call__(self, frame: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def __call__(self, frame: np.ndarray, rng: np.random.Generator, gain: float = 1.0,
+                 white_balance: np.ndarray | None = None) -> np.ndarray:
+        """``gain``: exposure on top of the look's; ``white_balance``: factors on its per-channel gains
+        (an episode's exposure and colour cast, ``comsim.lab.realism``)."""
         lk = self.look
         img = self.warp(frame)
         if lk.blur_sigma_px > 0:
             img = cv2.GaussianBlur(img, (0, 0), lk.blur_sigma_px)
-        x = img.astype(np.float32) * self.vignette * self.wb
+        wb = self.wb if white_balance is None else self.wb * np.asarray(white_balance, np.float32)
+        x = img.astype(np.float32) * self.vignette * wb
+        if gain != 1.0:
+            x = x * np.float32(gain)
         noise_std = np.sqrt(lk.noise_std**2 + lk.shot_noise**2 * np.clip(x, 0, 255))
         x = x + rng.standard_normal(x.shape, dtype=np.float32) * noise_std
         x = 255.0 * (np.clip(x, 0, 255) / 255.0) ** lk.gamma

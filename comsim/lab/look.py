@@ -15,6 +15,7 @@ import numpy as np
 
 from comsim.lab.cell import LabCell, TextureLook
 from comsim.lab.effects import SensorModel
+from comsim.lab.realism import add_clutter, add_distractors, printed_material
 from comsim.sim.camera import as_K, opencv_to_mujoco
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import OBJECT_PREFIX, ROBOT_PREFIX, Scene
@@ -134,9 +135,15 @@ def apply_look(ms: mujoco.MjSpec, cell: LabCell) -> None:
     for geom in ms.geoms:  # robot geoms coloured by rgba rather than a material
         if geom.name.startswith(ROBOT_PREFIX) and not geom.material:
             geom.rgba = [a * b for a, b in zip(geom.rgba, tint)]
-    for o in cell.scene.objects:  # same true colour, with a little plastic sheen
-        ms.add_material(name=f"lab_{o.name}", rgba=o.rgba, specular=lk.object_specular, shininess=0.5)
+    for o in cell.scene.objects:  # same true colour, with a little plastic sheen; some printed
+        if o.name in lk.prints:  # the print carries the colour: a geom's rgba would tint the texture
+            printed_material(ms, f"lab_{o.name}", o.rgba, lk.prints[o.name], lk.object_specular)
+            ms.geom(OBJECT_PREFIX + o.name).rgba = [1.0, 1.0, 1.0, o.rgba[3]]
+        else:
+            ms.add_material(name=f"lab_{o.name}", rgba=o.rgba, specular=lk.object_specular, shininess=0.5)
         ms.geom(OBJECT_PREFIX + o.name).material = f"lab_{o.name}"
+    add_clutter(ms, lk.clutter)
+    add_distractors(ms, lk.distractors)
 
     K, w, h = render_intrinsics(cell)
     cam = cell.scene.camera(cell.camera)
@@ -164,13 +171,15 @@ class LabCamera:
                                   render_size=(w, h))
         self.width, self.height = cam.width, cam.height
 
-    def clean(self) -> np.ndarray:
-        """The pinhole render with its margin (no lens, no sensor): uint8 (H + 2m, W + 2m, 3)."""
-        return self.renderer.rgb()
+    def clean(self, data: mujoco.MjData | None = None) -> np.ndarray:
+        """The pinhole render with its margin (no lens, no sensor): uint8 (H + 2m, W + 2m, 3), of the
+        scene's state or of ``data``."""
+        return self.renderer.rgb(data)
 
-    def rgb(self, rng: np.random.Generator) -> np.ndarray:
-        """uint8 (H, W, 3): what the camera records."""
-        return self.sensor(self.renderer.rgb(), rng)
+    def rgb(self, rng: np.random.Generator, clean: np.ndarray | None = None, gain: float = 1.0,
+            white_balance: np.ndarray | None = None) -> np.ndarray:
+        """uint8 (H, W, 3): what the camera records (of ``clean``, default: a render of the scene's state)."""
+        return self.sensor(self.renderer.rgb() if clean is None else clean, rng, gain, white_balance)
 
     def segmentation(self) -> np.ndarray:
         """int32 (H, W) labels (CONTRACTS.md) in the recorded, distorted image geometry."""

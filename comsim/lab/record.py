@@ -43,9 +43,11 @@ def record_episode(env: LabEnv, seed: int) -> tuple[Episode, dict[str, np.ndarra
     obs = env.reset(seed)
     operator = ScriptedTeleoperator(env, np.random.default_rng([seed, OPERATOR_STREAM]))
     names = env.scene.object_names
-    images, states, actions, obj_pos, obj_quat, tcp = [], [], [], [], [], []
+    images, states, actions, obj_pos, obj_quat, tcp, cam = [], [], [], [], [], [], []
     for action in operator.demonstrate():
         truth = env.truth()
+        if env.realism["camera"]:
+            cam.append(env.camera_pose())
         images.append(obs["image"])
         states.append(obs["state"])
         actions.append(action)
@@ -73,6 +75,8 @@ def record_episode(env: LabEnv, seed: int) -> tuple[Episode, dict[str, np.ndarra
         "operator_speed": np.float64(operator.style.speed),
         "operator_events": np.array([f"{k}: {what}" for k, what in operator.events], dtype=str),
     }
+    if cam:  # the camera moved (comsim.lab.realism): its true pose at every frame
+        truth["camera_T_cam_from_base"] = np.array(cam)
     return ep, truth
 
 

@@ -31,6 +31,7 @@ import numpy as np
 from comsim.io.files import write_png
 from comsim.lab.effects import SensorModel, distortion_coeffs
 from comsim.lab.look import render_camera_name, render_intrinsics
+from comsim.lab.realism import AutoExposure
 from comsim.sim.camera import as_K, scale_K
 from comsim.sim.scene import FINGER_TRAVEL, geom_labels
 
@@ -71,6 +72,7 @@ class _StillCamera:
         self.sensor = SensorModel(look, self.K, self.height, self.width,
                                   render_K=scale_K(rK, rw, rh, rw2, rh2), render_size=(rw2, rh2))
         self.dist = distortion_coeffs(look)
+        self.exposure = cell.look.exposure
         self.robot_geoms = np.nonzero(geom_labels(m) == 1)[0]
         self.hidden = mujoco.MjvOption()
         self.hidden.geomgroup[HIDDEN_GROUP] = 0
@@ -86,7 +88,10 @@ class _StillCamera:
                 self.renderer.update_scene(self.data, self.cam_id, scene_option=self.hidden)
             finally:
                 m.geom_group[self.robot_geoms] = saved
-        return self.sensor(self.renderer.render(), rng)
+        clean = self.renderer.render()
+        if self.exposure.auto > 0:  # the camera's auto-exposure is on for the stills too
+            return self.sensor(clean, rng, gain=AutoExposure(self.exposure, 1.0)(clean))
+        return self.sensor(clean, rng)
 
     def close(self) -> None:
         self.renderer.close()
@@ -108,6 +113,7 @@ def record_calibration_stills(env, out: str | Path, n: int = 12, scale: int = 4,
     (out / "color").mkdir(parents=True)
     (out / "qpos").mkdir()
     scene, cell = env.scene, env.cell
+    env.nominal()  # the calibrated camera, the cell's own light (no episode's conditions)
     rng = np.random.default_rng([int(seed), STILLS_STREAM])
     m = scene.model
     lo = [m.jnt_range[m.joint(j).id][0] for j in _arm_joint_names(scene)]

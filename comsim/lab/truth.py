@@ -15,7 +15,6 @@ file is written atomically (temporary name, then rename).
 """
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ def truth_header(cell: LabCell, task, seed: int, fps: int) -> dict:
         "camera": {**camera_intrinsics(cell), "T_cam_from_base": as_rigid(cam.T_cam_from_base).tolist()},
         "objects": {o.name: {"rgba": list(o.rgba), "shape": o.shape, "size": list(o.size), "mass": o.mass}
                     for o in cell.scene.objects},
-        "cell": dataclasses.asdict(cell),
+        "cell": cell.to_dict(),
         "complete": False, "episodes": [],
     }
 

@@ -53,6 +53,8 @@ class TrueMasks:
         for i, n in enumerate(str(x) for x in tr["object_names"]):
             sc.set_object_pose(n, tr["object_pos"][k][i], tr["object_quat"][k][i])
         sc.set_robot_qpos(state[:7], float(state[7]))
+        if "camera_T_cam_from_base" in tr:  # the lab's camera moved after calibration (comsim.lab.realism)
+            self.env.place_camera(tr["camera_T_cam_from_base"][k])
         return self.env.segmentation() == 1
 
     def close(self):
