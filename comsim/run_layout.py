@@ -11,7 +11,9 @@ stage or moving an output cannot break one without the other::
     sim/, sim_ood/            factory episodes (sim), in- and out-of-distribution layouts
     pseudo_real/, pseudo_real_ood/   the factory episodes converted: <cam> pseudo-real, <cam>_sim
     mixed/                    the real episodes + pseudo-real ones at a synthetic fraction (mixture.json), <cam> only
-    heldout_pseudo_real/{sim_only,pseudo,real}/   held-out paired episodes, translated
+    heldout_pseudo_real/{sim_only,pseudo,real,global_color,compositor}/   held-out paired episodes: the
+                              twin render, translated, the lab frames, the no-network baselines' guesses
+    baselines/<kind>/         the no-network baselines fit on the training pairs (Baseline.save)
     metrics.json              {comparison: evaluate_video report} (or one report); the video metrics' done marker
     policy/                   the policy experiment's folder (ExperimentLayout): results.json, results.md,
                               arms/<arm>-<key>/ (policy/, eval-<panel>-<key>.json, trials-<panel>-<key>.jsonl,
@@ -31,6 +33,7 @@ TRANSLATOR = "translator training"
 FACTORY = "factory generate"
 CONVERT = "convert"
 VIDEO_METRICS = "video metrics"
+HELDOUT_PARTS = ("pseudo", "sim_only", "real", "global_color", "compositor")
 MIX = "mix"
 POLICY = "policy experiment"
 
@@ -97,6 +100,7 @@ class RunLayout:
         self.translator_final = self.output(TRANSLATOR).parent
         self.sim_ood, self.pseudo_real_ood = r / "sim_ood", r / "pseudo_real_ood"
         self.heldout = r / "heldout_pseudo_real"
+        self.baselines = r / "baselines"  # the no-network baselines fit on the training pairs (<kind>/)
         self.policy = self.policy_results.parent
         self.experiment = ExperimentLayout(self.policy)
         self.stages = r / "stages.json"
@@ -110,7 +114,8 @@ class RunLayout:
         raise KeyError(f"no stage {stage!r}; the stages are {[s.name for s in STAGES]}")
 
     def heldout_part(self, part: str) -> Path:
-        """``pseudo`` (translated), ``sim_only`` (the twin render) or ``real`` (the lab frames)."""
-        if part not in ("pseudo", "sim_only", "real"):
-            raise KeyError(f"no held-out part {part!r}; the parts are pseudo, sim_only, real")
+        """``pseudo`` (translated), ``sim_only`` (the twin render), ``real`` (the lab frames), or a no-network
+        baseline's guess (``global_color``, ``compositor``: comsim.translator.compositor)."""
+        if part not in HELDOUT_PARTS:
+            raise KeyError(f"no held-out part {part!r}; the parts are {', '.join(HELDOUT_PARTS)}")
         return self.heldout / part

@@ -101,7 +101,16 @@ def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeyp
     truth = json.loads((run.lab / "lab_truth.json").read_text())
     from comsim.lab import load_lab_cell
     assert truth["cell_hash"] == load_lab_cell(COOL).hash()
-    assert len(LeRobotDataset(run.pseudo_real)) == 2 and json.loads(run.metrics.read_text())["pseudo_real_vs_real"]
+    assert len(LeRobotDataset(run.pseudo_real)) == 2
+    metrics = json.loads(run.metrics.read_text())
+    # the translator and the no-network baselines, scored on the same held-out frames
+    rows = ("pseudo_real_vs_real", "raw_sim_vs_real", "global_color_vs_real", "compositor_vs_real")
+    assert all(metrics[k]["frames"] == metrics["pseudo_real_vs_real"]["frames"] > 0 for k in rows), metrics
+    assert metrics["raw_sim_vs_real"]["metrics"]["psnr"] < metrics["compositor_vs_real"]["metrics"]["psnr"]
+    crops = metrics["object_crops"]
+    assert {"translator", "raw_sim", "global_color", "compositor"} <= set(crops) and crops["compositor"]["crops"] > 0
+    assert (run.baselines / "compositor" / "baseline.safetensors").is_file()
+    assert "compositor" in report.read_text()
     assert json.loads(run.policy_results.read_text())["arms"]
     from comsim.pipeline.demo import demo_summary
     summary = demo_summary(tmp_path / "run", report)  # what `comsim demo` prints as its last line

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from comsim.io.files import atomic_output, write_json
 from comsim.io.keys import control_key, seg_key, sim_key
-from comsim.io.lerobot import LeRobotDataset, dataset_complete
+from comsim.io.lerobot import DatasetWriter, LeRobotDataset, dataset_complete
 from comsim.run_layout import RunLayout
 from comsim.translator.sampling import SamplingParams
 from comsim.workers import torch_threads
@@ -134,7 +134,6 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
     if run.metrics.is_file():
         return json.loads(run.metrics.read_text())
     from comsim.episode import resize_frames
-    from comsim.io.lerobot import DatasetWriter
     from comsim.metrics.evaluate import evaluate_video
     from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
     from comsim.translator.pipeline import TranslatorPipeline
@@ -162,9 +161,19 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
                     writers[k].add_episode(ep_k, episode_index=j)
             for w in writers.values():
                 w.close()
-        opts = dict(camera=cam, metrics=["psnr", "ssim", "fid"])
+        train_eps = [e for e in range(len(ds)) if e not in heldout]
+        bases = heldout_baselines(run, ds, cam, (H, W), heldout, train_eps)
+        opts = dict(camera=cam, metrics=["psnr", "ssim", "fid", "lpips"])
         result = {"pseudo_real_vs_real": evaluate_video(pseudo_dir, real_dir, **opts),
                   "raw_sim_vs_real": evaluate_video(sim_dir, real_dir, **opts)}
+        for kind in ("global_color", "compositor"):
+            result[f"{kind}_vs_real"] = evaluate_video(run.heldout_part(kind), real_dir, **opts)
+        result["object_crops"] = heldout_crop_scores(run, ds, cam, (H, W), heldout,
+                                                     bases["compositor"].fit_info["object_labels"])
+        result["baselines"] = {"fit": bases["compositor"].fit_info, "saved": str(run.baselines),
+                               "translator_margin_db_over_compositor": round(
+                                   result["pseudo_real_vs_real"]["metrics"]["psnr"]
+                                   - result["compositor_vs_real"]["metrics"]["psnr"], 2)}
         # the locator is fit on the training pairs' real frames only (never the held-out or generated ones)
         model = fit_fidelity_model(ds, cam, [e for e in range(len(ds)) if e not in heldout], (H, W), progress=True)
         fidelity = {"heldout_real (locator ceiling)": evaluate_object_fidelity(real_dir, model, cam),
@@ -176,6 +185,65 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
     with atomic_output(run.metrics) as tmp:  # written whole: the file is this stage's "done" marker
         tmp.write_text(json.dumps(result, indent=1, default=str))
     return result
+
+
+def heldout_baselines(run: RunLayout, ds, cam: str, res: tuple[int, int], heldout: list[int],
+                      train_eps: list[int]) -> dict:
+    """The no-network baselines (comsim.translator.compositor) fit on the TRAINING pairs, saved under
+    ``run.baselines``, and their guesses of the held-out episodes written beside the translator's
+    (``run.heldout_part(kind)``), so every one is scored on the same frames by the same code."""
+    from comsim.translator.compositor import fit_baselines, load_baseline, training_pairs
+
+    kinds = ("raw", "global_color", "compositor")
+    if all((run.baselines / k / "baseline.json").is_file() for k in kinds):
+        bases = {k: load_baseline(run.baselines / k) for k in kinds}
+    else:
+        bases = fit_baselines(training_pairs(ds, cam, train_eps), cam, res)
+        for k, b in bases.items():
+            b.save(run.baselines / k)
+    for part in ("global_color", "compositor"):
+        out = run.heldout_part(part)
+        if dataset_complete(out):
+            continue
+        w = DatasetWriter(out, ds.fps)
+        seg = seg_key(cam)
+        for j, i in enumerate(heldout):
+            ep = ds.read_episode(i, cameras=[sim_key(cam), seg])
+            guess = type(ep)(frames={cam: bases[part].apply(ep), seg: ep.frames[seg]}, action=ep.action,
+                             state=ep.state, fps=ep.fps, task=ep.task, provenance=ep.provenance)
+            w.add_episode(guess, episode_index=j)
+        w.close()
+    return bases
+
+
+def heldout_crop_scores(run: RunLayout, ds, cam: str, res: tuple[int, int], heldout: list[int],
+                        objects: list[int]) -> dict:
+    """Object appearance on the held-out episodes (comsim.metrics.crops: 16x16 crops around each twin object's
+    label centroid, PSNR and, where its weights are on disk, LPIPS), for the translator and each baseline."""
+    from comsim.io.labels import labels_from_palette
+    from comsim.metrics.crops import object_crop_scores, pool_crop_scores
+    from comsim.metrics.frechet import MetricUnavailable
+    from comsim.metrics.frame import load_lpips
+
+    try:
+        lpips_model, note = load_lpips(), None
+    except MetricUnavailable as e:
+        lpips_model, note = None, str(e)
+    real = LeRobotDataset(run.heldout_part("real"))
+    parts = {"translator": "pseudo", **{k: k for k in ("sim_only", "global_color", "compositor")}}
+    preds = {name: LeRobotDataset(run.heldout_part(part)) for name, part in parts.items()}
+    scores = {name: [] for name in parts}
+    for j, i in enumerate(heldout):
+        labels = labels_from_palette(ds.read_episode(i, cameras=[seg_key(cam)]).frames[seg_key(cam)], res)
+        ref = real.read_episode(j, cameras=[cam]).frames[cam]
+        for name, p in preds.items():
+            scores[name].append(object_crop_scores(p.read_episode(j, cameras=[cam]).frames[cam], ref, labels,
+                                                   lpips_model=lpips_model, objects=objects))
+    out = {("raw_sim" if k == "sim_only" else k): pool_crop_scores(v) for k, v in scores.items()}
+    out["objects"] = list(objects)
+    if note:
+        out["lpips_unavailable"] = note
+    return out
 
 
 def mix_datasets(real, synthetic, out, synthetic_fraction: float, camera: str | None = None) -> dict:

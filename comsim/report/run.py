@@ -157,15 +157,16 @@ def _frames(ds, i: int, cam: str | None):
 # -- videos -------------------------------------------------------------------------------------
 def _videos(rep: Report, run: Path, k: int) -> int:
     rows, layout = 0, RunLayout(run)
-    pseudo, sim, real = (_open(layout.heldout_part(k)) for k in ("pseudo", "sim_only", "real"))
+    pseudo, sim, real, comp = (_open(layout.heldout_part(k)) for k in ("pseudo", "sim_only", "real", "compositor"))
     if pseudo is not None or real is not None:
         ref = pseudo or real
         cam = _main_camera(ref)
         rep.text("Held-out paired episodes (the translator never trained on them): twin render | "
-                 "translated | lab frames of the same episode.")
+                 "no-network compositor | translated | lab frames of the same episode.")
         for i in range(min(k, len(ref))):
-            rep.video_row([("sim (twin render)", _frames(sim, i, cam)), ("pseudo-real", _frames(pseudo, i, cam)),
-                           ("real (lab)", _frames(real, i, cam))], fps=ref.fps, caption=f"held-out episode {i}")
+            rep.video_row([("sim (twin render)", _frames(sim, i, cam)), ("compositor", _frames(comp, i, cam)),
+                           ("pseudo-real", _frames(pseudo, i, cam)), ("real (lab)", _frames(real, i, cam))],
+                          fps=ref.fps, caption=f"held-out episode {i}")
             rows += 1
     conv = _open(layout.pseudo_real)
     if conv is not None:
@@ -213,7 +214,7 @@ def _metrics(rep: Report, run: Path) -> None:
     reports = {"pred vs ref": doc} if "metrics" in doc and "pred" in doc else doc
     rows, values = [], {}
     for name, r in reports.items():
-        if not isinstance(r, dict) or name == "object_fidelity":
+        if not isinstance(r, dict) or "metrics" not in r:  # object fidelity, crops, the baselines' fit: below
             continue
         m = r.get("metrics", r)
         scalars = {k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -223,12 +224,30 @@ def _metrics(rep: Report, run: Path) -> None:
                 values.setdefault(k, {})[name] = float(v)
         for k, why in (r.get("unavailable") or {}).items():
             rows[-1].setdefault(k, f"n/a: {why}")
-    rep.table(rows, caption="against the lab (real) frames; PSNR, SSIM higher is better; FID, LPIPS, FVD lower")
+    rep.table(rows, caption="against the lab (real) frames, the same held-out frames for every row: the translator "
+                            "(pseudo_real), the raw twin render, one global affine colour map (global_color) and the "
+                            "no-network compositor (real background plate + per-label colour maps), both fit on the "
+                            "training pairs; PSNR (per frame, then the mean), SSIM higher is better; FID, LPIPS lower")
+    margin = (doc.get("baselines") or {}).get("translator_margin_db_over_compositor")
+    if isinstance(margin, (int, float)):
+        rep.text(f"The translator's margin over the no-network compositor: {margin:+.2f} dB PSNR.")
+    _object_crops(rep, doc.get("object_crops"))
     charts = [bar_chart_svg({k: v}, title=k.upper(), vmax=1.0 if k == "ssim" else None)
               for k, v in values.items() if any(math.isfinite(x) for x in v.values())]
     if charts:
         rep.raw("<div class='row'>" + "".join(charts) + "</div>")
     _object_fidelity(rep, doc.get("object_fidelity"), _object_names(run))
+
+
+def _object_crops(rep: Report, doc) -> None:
+    """comsim.metrics.crops per prediction: how the objects look, not only where they are."""
+    if not isinstance(doc, dict) or not doc:
+        return
+    rows = [{"prediction": name, "crops": r.get("crops", "-"), "PSNR": r.get("psnr", "-"),
+             "LPIPS": r.get("lpips", "n/a")} for name, r in doc.items() if isinstance(r, dict)]
+    note = f" LPIPS unavailable: {doc['lpips_unavailable']}" if doc.get("lpips_unavailable") else ""
+    rep.table(rows, caption="object appearance: 16x16 crops around each twin object's label centroid on the held-out "
+                            "frames, against the real crops (PSNR higher, LPIPS lower is better)." + note)
 
 
 def _object_names(run: Path) -> dict[int, str]:
