@@ -32,20 +32,7 @@ LAB = ROOT / "configs" / "lab" / "default.yaml"
 TINY = ROOT / "configs" / "translator" / "tiny.yaml"
 EYE = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0.5], [0, 0, 0, 1]]
 
-TASK = """\
-task: reach
-instruction: "Reach above the {{cube.color}} cube."
-scene: {scene}
-max_seconds: 6
-objects:
-  cube: {{shape: cube, side: [0.04, 0.05], colors: [red, blue]}}
-layout:
-  in_distribution: {{cube: {{x: [0.45, 0.55], y: [-0.1, 0.1]}}}}
-program:
-  - move: {{to: cube, height: [0.12, 0.2]}}
-success:
-  - at: {{object: cube, target: [0.5, 0.0], radius: 0.2}}
-"""
+from test_convert import SHORT_TASK as TASK  # noqa: E402  (a valid reach task to break one field of)
 
 
 # ----------------------------------------------------------------------------- shared fixtures

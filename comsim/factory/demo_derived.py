@@ -35,7 +35,6 @@ each transform, the segments, the attempt and the seed.
 from __future__ import annotations
 
 import hashlib
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -61,6 +60,7 @@ from comsim.io.keys import CONTROLS
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset, check_resumable, dataset_complete, dataset_fingerprint
 from comsim.io.lock import output_lock
 from comsim.io.paths import check_output_path, claim_output
+from comsim.workers import job_results
 from comsim.sim.ik import solve_ik
 from comsim.sim.motion import IK_TOLERANCE, symmetry_period
 
@@ -414,24 +414,14 @@ def _generate(out: Path, header: dict, sources: Sources, episodes: int, workers:
     t0 = time.perf_counter()
     bar = tqdm(total=len(jobs), desc=f"generate {program.name} from demos", unit="episode", disable=not progress)
     attempts = 0
-    pool = None
-    if workers == 1 or len(jobs) <= 1:
-        _init_worker(program_path, sources)
-        results = map(_work, jobs)
-    else:
-        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker,
-                                            initargs=(program_path, sources, os.getpid()))
-        results = pool.imap_unordered(_work, jobs)
     try:
-        for r in results:
-            attempts += r["attempts"]
-            bar.update(1)
-            bar.set_postfix(yield_=f"{bar.n}/{attempts}")
+        with job_results(_work, jobs, workers, _init_worker, (program_path, sources), init_inline=True) as results:
+            for r in results:
+                attempts += r["attempts"]
+                bar.update(1)
+                bar.set_postfix(yield_=f"{bar.n}/{attempts}")
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()  # on an error, stop the others; staged episodes stay for a resume
-            pool.join()
     elapsed = time.perf_counter() - t0
     writer.close()
     return _report(out, header, workers, elapsed, len(jobs))

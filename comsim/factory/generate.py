@@ -17,7 +17,6 @@ after closing) counts attempts, successes and failures by reason.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -35,7 +34,7 @@ from comsim.errors import InputError
 from comsim.io.lock import output_lock
 from comsim.io.paths import check_output_path, claim_output
 from comsim.sim.spec import spec_hash
-from comsim.workers import exit_with_parent
+from comsim.workers import exit_with_parent, job_results
 
 HEADER_FILE = "generation.json"
 REPORT_FILE = "generation_report.json"
@@ -184,23 +183,14 @@ def _generate(out: Path, header: dict, program, retargeted: bool, task_path: str
     t0 = time.perf_counter()
     bar = tqdm(total=len(jobs), desc=f"generate {program.name}", unit="episode", disable=not progress)
     ok = 0
-    if workers == 1 or len(jobs) <= 1:
-        results = map(_work, jobs)
-        pool = None
-    else:
-        pool = mp.get_context("spawn").Pool(min(workers, len(jobs)), initializer=_init_worker,
-                                            initargs=(os.getpid(),))
-        results = pool.imap_unordered(_work, jobs)
     try:
-        for r in results:
-            ok += r["success"]
-            bar.update(1)
-            bar.set_postfix(success=f"{ok}/{bar.n}")
+        with job_results(_work, jobs, workers, _init_worker) as results:
+            for r in results:
+                ok += r["success"]
+                bar.update(1)
+                bar.set_postfix(success=f"{ok}/{bar.n}")
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()  # on an error, stop the others; staged episodes stay for a resume
-            pool.join()
     elapsed = time.perf_counter() - t0
     writer.close()
     return write_report(out, header, workers, elapsed=elapsed, generated=len(jobs))

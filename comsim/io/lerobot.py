@@ -543,6 +543,17 @@ def write_dataset(root: str | Path, episodes, fps: float, resume: bool = False, 
 # ----------------------------------------------------------------------------- reader
 
 
+
+def _open_parquet(path: Path, opener, episodes: str):
+    """``opener(path)`` (pq.read_metadata, pq.ParquetFile); a missing or unreadable file is a DatasetError naming
+    it and the ``episodes`` it holds."""
+    if not path.is_file():
+        raise DatasetError(f"{path}: data file not found ({episodes})")
+    try:
+        return opener(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+
 class LeRobotDataset:
     """Read a LeRobot dataset (v3.0, or v2.0/v2.1) one episode or window at a time.
 
@@ -637,12 +648,7 @@ class LeRobotDataset:
                                        f"(from/to_timestamp) but has length {r['length']}")
                 r["videos"][key] = (path, start)
         for path, eps in by_file.items():
-            if not path.is_file():
-                raise DatasetError(f"{path}: data file not found (episodes {[e['episode_index'] for e in eps]})")
-            try:
-                meta = pq.read_metadata(path)
-            except (pa.ArrowException, OSError) as e:
-                raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+            meta = _open_parquet(path, pq.read_metadata, f"episodes {[e['episode_index'] for e in eps]}")
             rows_in_file = meta.num_rows
             self._check_columns(path, meta.schema.to_arrow_schema())
             expected = sum(e["length"] for e in eps)
@@ -852,12 +858,7 @@ class LeRobotDataset:
         """The parquet rows of frames [start, start+length) of one episode, reading only
         the row groups that hold them."""
         path, i = r["data_path"], r["episode_index"]
-        if not path.is_file():
-            raise DatasetError(f"{path}: data file not found (episode {i})")
-        try:
-            pf = pq.ParquetFile(path)
-        except (pa.ArrowException, OSError) as e:
-            raise DatasetError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        pf = _open_parquet(path, pq.ParquetFile, f"episode {i}")
         with pf:
             if r["data_row"] is None:  # v2: the file is the episode
                 if pf.metadata.num_rows != r["length"]:

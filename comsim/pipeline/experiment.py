@@ -583,6 +583,18 @@ def check_experiment(cfg: ExperimentConfig, arms: list[ArmConfig]) -> None:
             if src.dataset not in cfg.datasets and not dataset_complete(src.dataset):
                 raise ConfigError(f"arms[{a.name}].sources[{i}].dataset: expected a name of `datasets` "
                                   f"({sorted(cfg.datasets)}) or a finished dataset folder, got {src.dataset!r}")
+    used, todo = set(), [src.dataset for a in arms for src in a.sources if src.dataset in cfg.datasets]
+    while todo:  # and what they are built from
+        name = todo.pop()
+        if name in used:
+            continue
+        used.add(name)
+        todo += [n for n in (cfg.datasets[name].input,) if n in cfg.datasets]
+    for name in sorted(used):
+        d = cfg.datasets[name]
+        if d.build is None and not dataset_complete(d.path):
+            raise ConfigError(f"datasets.{name}.path: expected a finished dataset folder (build: null means it must "
+                              f"exist), got {d.path!r}")
     load_lab_cell(cfg.cell)
     if cfg.task not in TASKS:
         raise ConfigError(f"task: expected a lab task ({sorted(TASKS)}), got {cfg.task!r}")
