@@ -4,8 +4,7 @@ The same seeded windows (episode, start, 8 frames) are decoded by both readers f
 reported: windows/s of each, and the largest difference between their frames (grey levels). PyAV opens
 the file and seeks to the keyframe before each window (``comsim.io.video.read_video``); decord keeps one
 ``VideoReader`` per file open and calls ``get_batch``, its fastest use. decord is not a dependency
-of ComSim (`pip install decord` to run the comparison): on 10 lab episodes it read the same frames
-1.1-1.2x faster than PyAV, and training preloads its windows, so a second decoder does not pay.
+of ComSim (`pip install decord` to run the comparison; measured: docs/results/2026-12-06-house-refactor.md).
 
     MUJOCO_GL=egl .venv/bin/python bench/video_read.py                 # makes a 10-episode lab recording
     .venv/bin/python bench/video_read.py --dataset runs/demo/paired --windows 300
