@@ -106,6 +106,48 @@ def test_baselines_fit_on_a_paired_dataset(tmp_path):
         list(training_pairs(ds, "side", [0]))
 
 
+def test_compose_sim_turns_sim_episodes_into_compositor_frames_and_resumes(tmp_path):
+    """stages.compose_sim: the policy experiment's no-network rival to the translator (``build: compose``)."""
+    import json
+
+    from comsim.pipeline.stages import compose_sim
+
+    pairs, sim = DatasetWriter(tmp_path / "paired", 10), DatasetWriter(tmp_path / "sim", 10)
+    reals = []
+    for i in range(3):
+        real, s, seg, _ = constructed_pair(i, T=8)
+        pairs.add_episode(episode(real, s, seg), episode_index=i)
+    for i in range(2):  # sim episodes: the twin's render and labels only, like a factory dataset
+        real, s, seg, _ = constructed_pair(10 + i, T=8)
+        reals.append(real)
+        sim.add_episode(Episode(frames={sim_key(CAM): s, seg_key(CAM): seg}, action=np.zeros((8, 8), np.float32),
+                                state=np.zeros((8, 8), np.float32), fps=10, task="constructed"), episode_index=i)
+    pairs.close()
+    sim.close()
+    out = compose_sim(tmp_path / "paired", tmp_path / "sim", tmp_path / "comp")
+    ds, src = LeRobotDataset(out), LeRobotDataset(tmp_path / "sim")
+    assert len(ds) == 2 and set(ds.camera_keys) == {CAM, sim_key(CAM)}
+    comp = fit_baseline("compositor", tmp_path / "paired", CAM, episodes=[0, 1, 2])  # what compose_sim fits
+    for i, real in enumerate(reals):
+        ep, sim_ep = ds.read_episode(i), src.read_episode(i)
+        direct, raw = comp.apply(sim_ep), sim_ep.frames[sim_key(CAM)]
+        # the compositor's frames (one more round of lossy video), far closer to the real ones than the render
+        assert mean_psnr([(ep.frames[CAM], direct)]) > mean_psnr([(raw, direct)]) + 10
+        assert mean_psnr([(ep.frames[CAM], real)]) > mean_psnr([(raw, real)]) + 3
+        assert ep.provenance.source == "pseudo_real" and ep.provenance.extra["baseline"]["kind"] == "compositor"
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+    compose_sim(tmp_path / "paired", tmp_path / "sim", tmp_path / "comp")  # finished: nothing is redone
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+    with pytest.raises(ValueError, match="front_sim_seg"):  # a sim dataset without labels cannot be composed
+        only = DatasetWriter(tmp_path / "nolabels", 10)
+        only.add_episode(Episode(frames={sim_key(CAM): reals[0]}, action=np.zeros((8, 8), np.float32),
+                                 state=np.zeros((8, 8), np.float32), fps=10, task="constructed"), episode_index=0)
+        only.close()
+        compose_sim(tmp_path / "paired", tmp_path / "nolabels", tmp_path / "comp2")
+    assert not (tmp_path / "comp2").exists()
+    assert json.loads((out / "meta" / "info.json").read_text())["total_episodes"] == 2
+
+
 def test_object_crops_score_where_the_objects_are():
     real, sim, seg, labels = constructed_pair(3)
     boxes = object_crops(real, labels, size=16)

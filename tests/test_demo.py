@@ -135,6 +135,6 @@ def test_the_lab_table_profile_builds_every_dataset_in_the_run_folder(tmp_path):
             assert Path(spec.scene) == (run.paired / "twin_aligned.yaml").resolve()
         if spec.build == "convert":
             assert Path(spec.translator) == run.translator_final.resolve()
-        if spec.build == "demo_derived":
+        if spec.build in ("demo_derived", "compose"):
             assert Path(spec.paired) == run.paired.resolve()
-    assert {s.build for s in cfg.datasets.values()} == {"lab", "factory", "demo_derived", "convert"}
+    assert {s.build for s in cfg.datasets.values()} == {"lab", "factory", "demo_derived", "convert", "compose"}

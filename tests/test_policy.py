@@ -864,8 +864,10 @@ def test_shipped_experiment_configs_load():
     assert isinstance(policy_config(table.policy), KeypointConfig) and table.train.steps <= 6000
     assert table.datasets["lab_wide"].regions["red_cube"].x == [0.35, 0.67]
     assert table.gap.oracle == "oracle200" and table.curve == ["real10", "real50", "oracle200"]
-    assert {a.name for a in table.all_arms()} >= {"real10", "real10_sim200", "real10_pseudo200", "pseudo200",
-                                                  "oracle200"} and table.sweep is not None
+    assert {a.name for a in table.all_arms()} >= {"real10", "real10_sim200", "real10_pseudo200", "real10_comp200",
+                                                  "pseudo200", "oracle200"}
+    # every arm the claim is tested against runs on every training seed, as the claim arm does
+    assert set(table.seeded_arms) >= {table.claim.arm, *table.claim.beats}
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ def experiment_inputs(p: DemoProfile, run: RunLayout) -> tuple[Path, dict[str, P
         build = spec.get("build") if isinstance(spec, dict) else None
         if build == "factory":
             overrides.append(f"datasets.{name}.scene={(run.paired / 'twin_aligned.yaml').resolve()}")
-        elif build == "demo_derived":
+        elif build in ("demo_derived", "compose"):
             overrides.append(f"datasets.{name}.paired={run.paired.resolve()}")
         elif build == "convert":
             overrides.append(f"datasets.{name}.translator={run.translator_final.resolve()}")

@@ -42,7 +42,7 @@ from comsim.policy.config import MixtureConfig, PolicyRunConfig, SourceConfig, T
 from comsim.run_layout import ExperimentLayout
 from comsim.translator.sampling import SamplingParams
 
-BUILDS = ("lab", "factory", "demo_derived", "convert")
+BUILDS = ("lab", "factory", "demo_derived", "convert", "compose")
 # the version of this module's training and scoring: part of every arm's and panel's identity, so a change
 # here that changes results is never mixed with results made before it
 EXPERIMENT_VERSION = 2
@@ -56,7 +56,8 @@ class DatasetSpec:
     lab: record scripted demonstrations in the lab (stages.record_lab);
     factory: generate sim episodes (stages.generate_sim; render under <cam>_sim);
     demo_derived: sim episodes from the real demos of the paired dataset ``paired`` (stages.generate_demo_derived);
-    convert: translate the sim dataset ``input`` with the translator ``translator`` (stages.convert_sim)."""
+    convert: translate the sim dataset ``input`` with the translator ``translator`` (stages.convert_sim);
+    compose: the sim dataset ``input`` through the no-network compositor fit on ``paired`` (stages.compose_sim)."""
     path: str
     build: str | None = None  # lab | factory | convert | null (must exist)
     episodes: int = 10  # lab / factory: how many
@@ -65,10 +66,11 @@ class DatasetSpec:
     split: str = "id"  # factory: layout split
     controls: list[str] = field(default_factory=list)  # factory: control videos beside the render (e.g. [seg],
     #                                                    which a translator conditioned on segmentation needs)
-    paired: str | None = None  # demo_derived: the real demos' twin replay (a paired dataset)
+    paired: str | None = None  # demo_derived: the real demos' twin replay (a paired dataset); compose: the pairs
+    #                            the compositor is fit on
     scene: str | None = None  # factory: twin scene YAML to generate in, e.g. the aligned twin
     #                           PAIRED/twin_aligned.yaml (default: the task's own, the nominal cell)
-    input: str | None = None  # convert: name of the sim dataset (an entry of `datasets`)
+    input: str | None = None  # convert, compose: name of the sim dataset (an entry of `datasets`)
     translator: str | None = None  # convert: the translator's folder
     sampling: SamplingParams = field(default_factory=SamplingParams)  # convert: None fields: the translator's own
     precision: str = "fp32"  # convert: fp32 | bf16 (the translator under autocast)
@@ -86,6 +88,9 @@ class DatasetSpec:
             raise ConfigError("build: demo_derived needs `paired` (the real demos' twin replay)")
         if self.build == "convert" and not (self.input and self.translator):
             raise ConfigError("build: convert needs `input` (the sim dataset's name) and `translator` (a folder)")
+        if self.build == "compose" and not (self.input and self.paired):
+            raise ConfigError("build: compose needs `input` (the sim dataset's name) and `paired` (the pairs the "
+                              "compositor is fit on)")
 
 
 @dataclass
@@ -206,7 +211,7 @@ class ExperimentConfig:
         if dup:
             raise ConfigError(f"arms: duplicate arm names {dup}")
         for name, d in self.datasets.items():
-            if d.build == "convert" and d.input not in self.datasets:
+            if d.build in ("convert", "compose") and d.input not in self.datasets:
                 raise ConfigError(f"datasets.{name}.input: no dataset {d.input!r}; datasets are {sorted(self.datasets)}")
         if self.sweep is not None:
             for f in self.sweep.fractions:
@@ -227,7 +232,7 @@ class ExperimentConfig:
     def all_arms(self) -> list[ArmConfig]:
         arms = list(self.arms)
         for name, d in self.datasets.items():
-            if d.build == "convert" and d.input not in self.datasets:
+            if d.build in ("convert", "compose") and d.input not in self.datasets:
                 raise ConfigError(f"datasets.{name}.input: no dataset {d.input!r}; datasets are {sorted(self.datasets)}")
         if self.sweep is not None:
             for f in self.sweep.fractions:
@@ -356,6 +361,15 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
                 log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
                 stages.convert_sim(spec.translator, cfg.datasets[spec.input].path, path, sampling=spec.sampling,
                                    seed=spec.seed, workers=spec.workers, precision=spec.precision)
+        elif spec.build == "compose":
+            if not dataset_complete(spec.paired):  # checked first: no sim episodes are made in vain
+                why = (f"dataset {name!r} ({path}) not found, and the pairs its compositor is fit on, {spec.paired}, "
+                       f"do not exist (set datasets.{name}.paired)")
+            elif upstream := ensure(spec.input):
+                why = f"dataset {name!r} needs {spec.input!r}: {upstream}"
+            else:
+                log(f"experiment: composing {cfg.datasets[spec.input].path} -> {path} (no-network compositor)")
+                stages.compose_sim(spec.paired, cfg.datasets[spec.input].path, path)
         else:
             why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
         status[name] = why

@@ -127,6 +127,44 @@ def convert_sim(model, sim, out, sampling: SamplingParams | None = None, seed: i
     return Path(out)
 
 
+def compose_sim(paired, sim, out, kind: str = "compositor", camera: str | None = None) -> Path:
+    """The sim dataset ``sim`` made "pseudo-real" by a no-network baseline (comsim.translator.compositor: ``kind``)
+    fit on every pair of ``paired``: the data a policy arm gets from the twin's labels and the real plate alone, the
+    translator's trivial rival. Out: ``<cam>`` the baseline's frames, ``<cam>_sim`` kept; provenance source
+    pseudo_real with ``extra["baseline"]`` (kind, what it was fit on). Resumes episode by episode."""
+    import dataclasses
+
+    from comsim.io.lock import output_lock
+    from comsim.translator.compositor import KINDS, fit_baselines, training_pairs
+
+    if kind not in KINDS:
+        raise ValueError(f"baseline kind {kind!r}: expected one of {KINDS}")
+    out = Path(out)
+    if dataset_complete(out):
+        return out
+    ds, src = LeRobotDataset(paired), LeRobotDataset(sim)
+    cam = camera or next(k for k in ds.camera_keys if sim_key(k) in ds.camera_keys)
+    keys = [sim_key(cam), seg_key(cam)]
+    missing = [k for k in keys if k not in src.camera_keys]
+    if missing:
+        raise ValueError(f"{sim}: composing needs the videos {keys} (generate with --controls seg); missing {missing}")
+    with output_lock(out, "comsim compose"):
+        base = fit_baselines(training_pairs(ds, cam, range(len(ds))), cam)[kind]
+        w = DatasetWriter(out, src.fps, resume=True)
+        for i in range(len(src)):
+            if i in w.finished_episodes:
+                continue
+            ep = src.read_episode(i, cameras=keys)
+            extra = {**ep.provenance.extra, "baseline": {"kind": kind, "fit_on": str(Path(paired).resolve()),
+                                                         "episodes": len(ds)}}
+            prov = dataclasses.replace(ep.provenance, source="pseudo_real", extra=extra)
+            w.add_episode(type(ep)(frames={cam: base.apply(ep), sim_key(cam): ep.frames[sim_key(cam)]},
+                                   action=ep.action, state=ep.state, fps=ep.fps, task=ep.task, provenance=prov),
+                          episode_index=i)
+        w.close()
+    return out
+
+
 def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict:
     """Translate the held-out paired episodes and score them (and the raw twin render) against the real frames;
     object fidelity of those and of the converted factory datasets ``converted`` ({split: path}). Written to
