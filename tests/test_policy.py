@@ -737,6 +737,42 @@ def test_an_arm_naming_an_undefined_dataset_is_refused_before_anything_is_record
     assert sorted(p.name for p in tmp_path.iterdir()) == ["typo.yaml"]
 
 
+def test_a_compositor_arm_is_built_from_the_pairs_and_trained_like_the_others(data, tmp_path):
+    """build: compose: the experiment makes the no-network rival's dataset from a sim dataset with the twin's
+    labels and the pairs, then trains and scores its arm."""
+    from comsim.io.keys import seg_key, sim_key
+    from comsim.io.labels import seg_to_rgb
+
+    ep = LeRobotDataset(data["real"]).read_episode(0)
+    labels = np.zeros(ep.frames["front"].shape[:3], np.int32)
+    labels[:, 40:90, 30:70] = 1  # a block the "twin" calls the robot
+    twin = {sim_key("front"): np.clip(ep.frames["front"].astype(np.int16) + 40, 0, 255).astype(np.uint8),
+            seg_key("front"): seg_to_rgb(labels)}
+    paired = write_dataset(tmp_path / "paired", [dataclasses.replace(ep, frames={**ep.frames, **twin})], fps=ep.fps)
+    sim = write_dataset(tmp_path / "sim", [dataclasses.replace(ep, frames=twin, provenance=Provenance(source="sim"))],
+                        fps=ep.fps)
+    cfg = {"name": "comp", "output_dir": str(tmp_path / "exp"), "task": "push",
+           "datasets": {"real": {"path": data["real"]}, "sim": {"path": str(sim)},
+                        "comp": {"path": str(tmp_path / "comp"), "build": "compose", "input": "sim",
+                                 "paired": str(paired)}},
+           "arms": [{"name": "real_comp", "sources": [{"dataset": "real"}, {"dataset": "comp"}],
+                     "synthetic_fraction": 0.5}],
+           "policy": {"preset": "tiny", "num_inference_steps": 2},
+           "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "log_every": 1},
+           "eval": {"n_trials": 1, "max_seconds": 0.2, "panels": {"id": {"kind": "id"}}}}
+    path = tmp_path / "comp.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    arm = run_experiment(path, log=lambda *_: None, progress=False)["arms"][0]
+    assert arm["status"] == "done"
+    comp = LeRobotDataset(tmp_path / "comp").read_episode(0)
+    assert comp.provenance.source == "pseudo_real" and comp.provenance.extra["baseline"]["kind"] == "compositor"
+    # the twin's +40 tint is undone by the maps fit on the pair: the composed frames sit near the real ones
+    err = lambda a: np.abs(a.astype(int) - ep.frames["front"].astype(int)).mean()  # noqa: E731
+    assert err(comp.frames["front"]) < err(twin[sim_key("front")]) / 3
+    with pytest.raises(ConfigError, match="compose needs `input`"):
+        load_experiment(path, ["datasets.comp.paired=null"])
+
+
 def test_arms_side_by_side_are_the_arms_one_after_the_other(data, tmp_path):
     """arm_workers: 2 trains and scores two arms in two processes at once; each arm's weights, trials
     and table entry are those of the same arms run one after the other in this process."""
