@@ -60,3 +60,22 @@ def job_results(work, jobs: list, workers: int, initializer=None, initargs: tupl
     finally:
         pool.terminate()
         pool.join()
+
+
+def run_jobs(work, jobs: list, workers: int, desc: str, progress: bool, postfix, initializer=None,
+             initargs: tuple = (), init_inline: bool = False) -> list:
+    """``job_results`` under a progress bar of ``jobs`` episodes: returns the results (completion order);
+    ``postfix(results so far)`` is the bar's running note, e.g. a success count."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc=desc, unit="episode", disable=not progress)
+    done = []
+    try:
+        with job_results(work, jobs, workers, initializer, initargs, init_inline) as results:
+            for r in results:
+                done.append(r)
+                bar.update(1)
+                bar.set_postfix_str(postfix(done))
+    finally:
+        bar.close()
+    return done

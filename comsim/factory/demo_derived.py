@@ -45,7 +45,6 @@ from pathlib import Path
 
 import mujoco
 import numpy as np
-from tqdm.auto import tqdm
 
 from comsim.episode import episode_seed
 from comsim.errors import ComSimError, InputError
@@ -60,7 +59,7 @@ from comsim.io.keys import CONTROLS
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset, check_resumable, dataset_complete, dataset_fingerprint
 from comsim.io.lock import output_lock
 from comsim.io.paths import check_output_path, claim_output
-from comsim.workers import job_results
+from comsim.workers import run_jobs
 from comsim.sim.ik import solve_ik
 from comsim.sim.motion import IK_TOLERANCE, symmetry_period
 
@@ -412,16 +411,9 @@ def _generate(out: Path, header: dict, sources: Sources, episodes: int, workers:
     todo = [i for i in range(episodes) if i not in writer.finished_episodes]
     jobs = [(str(out), i, seed, split, max_attempts, controls) for i in todo]
     t0 = time.perf_counter()
-    bar = tqdm(total=len(jobs), desc=f"generate {program.name} from demos", unit="episode", disable=not progress)
-    attempts = 0
-    try:
-        with job_results(_work, jobs, workers, _init_worker, (program_path, sources), init_inline=True) as results:
-            for r in results:
-                attempts += r["attempts"]
-                bar.update(1)
-                bar.set_postfix(yield_=f"{bar.n}/{attempts}")
-    finally:
-        bar.close()
+    run_jobs(_work, jobs, workers, f"generate {program.name} from demos", progress,
+             lambda done: f"yield={len(done)}/{sum(r['attempts'] for r in done)}", _init_worker,
+             (program_path, sources), init_inline=True)
     elapsed = time.perf_counter() - t0
     writer.close()
     return _report(out, header, workers, elapsed, len(jobs))

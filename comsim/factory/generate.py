@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tqdm.auto import tqdm
 
 from comsim.io.keys import CONTROLS
 from comsim.io.lerobot import DatasetWriter, LeRobotDataset, check_resumable, dataset_complete
@@ -34,7 +33,7 @@ from comsim.errors import InputError
 from comsim.io.lock import output_lock
 from comsim.io.paths import check_output_path, claim_output
 from comsim.sim.spec import spec_hash
-from comsim.workers import exit_with_parent, job_results
+from comsim.workers import exit_with_parent, run_jobs
 
 HEADER_FILE = "generation.json"
 REPORT_FILE = "generation_report.json"
@@ -181,16 +180,8 @@ def _generate(out: Path, header: dict, program, retargeted: bool, task_path: str
     jobs = [(task_path, str(out), program.fps, i, seed, split, only_success, header["max_attempts"], controls)
             for i in todo]
     t0 = time.perf_counter()
-    bar = tqdm(total=len(jobs), desc=f"generate {program.name}", unit="episode", disable=not progress)
-    ok = 0
-    try:
-        with job_results(_work, jobs, workers, _init_worker) as results:
-            for r in results:
-                ok += r["success"]
-                bar.update(1)
-                bar.set_postfix(success=f"{ok}/{bar.n}")
-    finally:
-        bar.close()
+    run_jobs(_work, jobs, workers, f"generate {program.name}", progress,
+             lambda done: f"success={sum(r['success'] for r in done)}/{len(done)}", _init_worker)
     elapsed = time.perf_counter() - t0
     writer.close()
     return write_report(out, header, workers, elapsed=elapsed, generated=len(jobs))

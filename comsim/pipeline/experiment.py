@@ -351,25 +351,25 @@ def ensure_datasets(cfg: ExperimentConfig, names: set[str], log=print) -> dict[s
                     f"of {spec.paired} into {path}")
                 stages.generate_demo_derived(spec.paired, spec.episodes, path, task=spec.program, seed=spec.seed,
                                              split=spec.split, controls=spec.controls, workers=spec.workers)
-        elif spec.build == "convert":
-            if not Path(spec.translator).is_dir():  # checked first: no sim episodes are made in vain
+        elif spec.build in ("convert", "compose"):  # the sim dataset `input` made pseudo-real
+            convert = spec.build == "convert"
+            if not (Path(spec.translator).is_dir() if convert else dataset_complete(spec.paired)):
+                # checked first: no sim episodes are made in vain
                 why = (f"dataset {name!r} ({path}) not found, and its translator {spec.translator} does not exist "
-                       f"(train one with train/train_translator.py, or set datasets.{name}.translator)")
+                       f"(train one with train/train_translator.py, or set datasets.{name}.translator)" if convert
+                       else f"dataset {name!r} ({path}) not found, and the pairs its compositor is fit on, "
+                            f"{spec.paired}, do not exist (set datasets.{name}.paired)")
             elif upstream := ensure(spec.input):
                 why = f"dataset {name!r} needs {spec.input!r}: {upstream}"
             else:
-                log(f"experiment: converting {cfg.datasets[spec.input].path} -> {path} (pseudo-real)")
-                stages.convert_sim(spec.translator, cfg.datasets[spec.input].path, path, sampling=spec.sampling,
-                                   seed=spec.seed, workers=spec.workers, precision=spec.precision)
-        elif spec.build == "compose":
-            if not dataset_complete(spec.paired):  # checked first: no sim episodes are made in vain
-                why = (f"dataset {name!r} ({path}) not found, and the pairs its compositor is fit on, {spec.paired}, "
-                       f"do not exist (set datasets.{name}.paired)")
-            elif upstream := ensure(spec.input):
-                why = f"dataset {name!r} needs {spec.input!r}: {upstream}"
-            else:
-                log(f"experiment: composing {cfg.datasets[spec.input].path} -> {path} (no-network compositor)")
-                stages.compose_sim(spec.paired, cfg.datasets[spec.input].path, path)
+                src = cfg.datasets[spec.input].path
+                log(f"experiment: {'converting' if convert else 'composing'} {src} -> {path} "
+                    f"({'pseudo-real' if convert else 'no-network compositor'})")
+                if convert:
+                    stages.convert_sim(spec.translator, src, path, sampling=spec.sampling, seed=spec.seed,
+                                       workers=spec.workers, precision=spec.precision)
+                else:
+                    stages.compose_sim(spec.paired, src, path)
         else:
             why = f"dataset {name!r} ({path}) not found and it has no `build`; produce it and set datasets.{name}.path"
         status[name] = why
