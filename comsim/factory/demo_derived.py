@@ -51,7 +51,7 @@ from comsim.errors import ComSimError, InputError
 from comsim.factory.demos import (Segment, SourceDemo, Sources, aligned_twin, load_sources, subtasks,
                                   twin_objects)
 from comsim.factory.expert import EpisodeRecorder, EpisodeResult
-from comsim.factory.generate import HEADER_FILE, REPORT_FILE, TASK_FILE, write_report
+from comsim.factory.generate import HEADER_FILE, REPORT_FILE, TASK_FILE, check_counts, write_report
 from comsim.factory.layout import SPLITS, EpisodeSetup, sample_setup
 from comsim.factory.program import TASKS_DIR, TaskProgram, load_program, task_in_scene
 from comsim.io.files import atomic_output, write_json
@@ -366,12 +366,7 @@ def generate_from_demos(paired: str | Path, episodes: int, out: str | Path, *, t
     before anything is written. Resumes a partial run in ``out``. Returns the report
     (``OUT/generation_report.json``): attempts, successes, failures by reason, per source demo.
     """
-    if episodes < 1:
-        raise InputError(None, "episodes", "at least 1", episodes)
-    if workers < 1:
-        raise InputError(None, "workers", "at least 1", workers)
-    if max_attempts < 1:
-        raise InputError(None, "max_attempts", "at least 1", max_attempts)
+    check_counts(episodes=episodes, workers=workers, max_attempts=max_attempts)
     if split not in SPLITS:
         raise InputError(None, "split", f"one of {list(SPLITS)}", split)
     controls = tuple(controls)

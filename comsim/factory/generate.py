@@ -98,6 +98,13 @@ def _init_worker(parent: int | None = None):
         exit_with_parent(parent)  # never races one still staging an episode into the same folder
 
 
+def check_counts(**counts: int) -> None:
+    """Each count (episodes, workers, attempts...) at least 1, else an InputError naming it."""
+    for name, value in counts.items():
+        if value < 1:
+            raise InputError(None, name, "at least 1", value)
+
+
 def check_task(task: str | Path, seed: int = 0, split: str = "id", layouts: int = 8):
     """Load a task and vet ``layouts`` of its episodes with IK: a task whose regions or targets are
     out of reach fails here (ProgramError naming the line), before anything is written."""
@@ -123,12 +130,7 @@ def generate_dataset(task: str | Path, episodes: int, out: str | Path, *, worker
 
     Checks the task (with IK on sampled layouts) before anything is written; returns the report.
     """
-    if episodes < 1:
-        raise InputError(None, "episodes", "at least 1", episodes)
-    if workers < 1:
-        raise InputError(None, "workers", "at least 1", workers)
-    if max_attempts < 1:
-        raise InputError(None, "max_attempts", "at least 1", max_attempts)
+    check_counts(episodes=episodes, workers=workers, max_attempts=max_attempts)
     controls = tuple(controls)
     bad = [c for c in controls if c not in CONTROLS]
     if bad:
