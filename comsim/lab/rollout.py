@@ -50,8 +50,14 @@ class PanelConfig:
     ood_margin: float = 0.01  # m between the in-distribution region and an OOD box
     ood_width: float = 0.06  # m: depth of each OOD box
     layouts: list[dict[str, Region]] = field(default_factory=list)  # custom: region overrides, one per box
+    # trials on this panel; None: the experiment's eval.n_trials. Trial i is the same trial whatever the count,
+    # so a panel grown from 50 to 100 trials reuses its first 50
+    n_trials: int | None = None
 
     def __post_init__(self):
+        if self.n_trials is not None and (isinstance(self.n_trials, bool) or not isinstance(self.n_trials, int)
+                                          or self.n_trials < 1):
+            raise ConfigError(f"n_trials: expected an integer >= 1 or null, got {self.n_trials!r}")
         if self.kind not in ("id", "ood", "custom"):
             raise ConfigError(f"kind: expected id | ood | custom, got {self.kind!r}")
         if self.kind == "custom" and not self.layouts:

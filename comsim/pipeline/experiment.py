@@ -176,6 +176,9 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     claim: ClaimConfig | None = None
+    # a second pre-registered comparison judged by the same rule (lab_table: the look test, the same motions
+    # shown three ways with no real frame)
+    look_test: ClaimConfig | None = None
     gap: GapConfig | None = None
     # arms trained on real demonstrations only, in growing numbers: success against the
     # number of demonstrations (the oracle curve)
@@ -217,13 +220,15 @@ class ExperimentConfig:
             for f in self.sweep.fractions:
                 if not 0 <= f <= 1:
                     raise ConfigError(f"sweep.fractions: {f} is not in [0, 1]")
-        if self.claim is not None:
-            for a in [self.claim.arm, *self.claim.beats]:
+        for where, claim in (("claim", self.claim), ("look_test", self.look_test)):
+            if claim is None:
+                continue
+            for a in [claim.arm, *claim.beats]:
                 if a not in names:
-                    raise ConfigError(f"claim: no arm {a!r}; arms are {names}")
-            for p in self.claim.panels:
+                    raise ConfigError(f"{where}: no arm {a!r}; arms are {names}")
+            for p in claim.panels:
                 if p not in self.eval.panels:
-                    raise ConfigError(f"claim.panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
+                    raise ConfigError(f"{where}.panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
         for where, a in ([("gap.baseline", self.gap.baseline), ("gap.oracle", self.gap.oracle)] if self.gap else []) \
                 + [(f"curve[{i}]", a) for i, a in enumerate(self.curve)]:
             if a not in names:
@@ -304,16 +309,21 @@ def _cell_hash(cell: str | None) -> str:
     return load_lab_cell(cell).hash()
 
 
+def panel_trials(cfg: ExperimentConfig, panel: str) -> int:
+    """How many trials the panel runs: its own ``n_trials``, else ``eval.n_trials``."""
+    return cfg.eval.panels[panel].n_trials or cfg.eval.n_trials
+
+
 def _panel_identity(cfg: ExperimentConfig, panel: str) -> dict:
     e = cfg.eval
+    where = {k: v for k, v in to_dict(e.panels[panel]).items() if k != "n_trials"}  # the count is not the panel
     return {"task": cfg.task, "cell": cfg.cell, "cell_content": _cell_hash(cfg.cell), "code": EXPERIMENT_VERSION,
-            "panel": to_dict(e.panels[panel]), "seed": e.seed, "max_seconds": e.max_seconds,
-            "steps": e.num_inference_steps}
+            "panel": where, "seed": e.seed, "max_seconds": e.max_seconds, "steps": e.num_inference_steps}
 
 
 def eval_key(cfg: ExperimentConfig, panel: str) -> str:
     """Key of a panel's results file: the panel, its trials and the cell's content (not only its path)."""
-    return hash_dict({**_panel_identity(cfg, panel), "n_trials": cfg.eval.n_trials})[:8]
+    return hash_dict({**_panel_identity(cfg, panel), "n_trials": panel_trials(cfg, panel)})[:8]
 
 
 def trials_key(cfg: ExperimentConfig, panel: str) -> str:
@@ -453,14 +463,15 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
     data = None
     if not (out / "train_log.json").is_file():
         data = MixtureDataset(run.data, run.model_config(), run.cache_dir, where=f"arms[{arm.name}]")
-        _check_disjoint(data.episode_seeds(), trial_seeds(cfg.eval.seed, cfg.eval.n_trials), arm.name)
+        _check_disjoint(data.episode_seeds(), trial_seeds(cfg.eval.seed, max(panel_trials(cfg, p)
+                                                                             for p in cfg.eval.panels)), arm.name)
         log(f"experiment: training arm {arm.name!r} ({len(data)} frames, synthetic fraction "
             f"{data.synthetic_fraction:.3f}) -> {out}")
     train_log = train_policy(run, data=data, progress=progress)
     paths = _panel_files(cfg, out)
     todo = [p for p, path in paths.items() if not path.is_file()]
     for pname in todo:
-        log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({cfg.eval.n_trials} trials)")
+        log(f"experiment: scoring arm {arm.name!r} on panel {pname!r} ({panel_trials(cfg, pname)} trials)")
     jobs = [(cfg, str(out), p, str(paths[p]), progress and cfg.eval.workers == 1,
              str(ExperimentLayout.trial_log(out, p, trials_key(cfg, p)))) for p in todo]
     # one process per panel (up to eval.workers): a panel's trials do not depend on the process
@@ -531,7 +542,8 @@ def _score_panel(job: tuple) -> None:
         import torch
         torch.set_num_threads(cfg.train.num_threads)
     e = cfg.eval
-    res = evaluate(load_policy(Path(out) / "policy"), cfg.task, e.n_trials, panel=e.panels[pname], cell=cfg.cell,
+    res = evaluate(load_policy(Path(out) / "policy"), cfg.task, panel_trials(cfg, pname), panel=e.panels[pname],
+                   cell=cfg.cell,
                    seed=e.seed, max_seconds=e.max_seconds, num_inference_steps=e.num_inference_steps,
                    video_dir=Path(out) / "videos", videos=e.videos, progress=progress, trial_log=trial_log)
     res["panel"] = pname
@@ -700,13 +712,14 @@ def combine_seeds(cfg: ExperimentConfig, arm: ArmConfig, by_seed: dict[int, dict
     return row
 
 
-def judge_claim(cfg: ExperimentConfig, results: list[dict]) -> dict | None:
+def judge_claim(cfg: ExperimentConfig, results: list[dict], claim: ClaimConfig | None = None) -> dict | None:
     """Each pre-registered comparison (``claim.arm`` against every ``claim.beats`` arm, on each claimed panel):
     the paired trials both arms ran (every seed both ran), the effect, its interval and the exact McNemar p;
-    the claim holds when every comparison's effect is >= min_effect with p < alpha."""
+    the claim holds when every comparison's effect is >= min_effect with p < alpha. ``claim``: another
+    block judged by the same rule (default: ``cfg.claim``)."""
     from comsim.pipeline.stats import compare
 
-    c = cfg.claim
+    c = claim or cfg.claim
     if c is None:
         return None
     by = {r["name"]: r for r in results if r["status"] == "done"}
@@ -767,7 +780,8 @@ def write_results(cfg: ExperimentConfig, results: list[dict]) -> dict:
     layout = ExperimentLayout(cfg.output_dir)
     doc = {"experiment": cfg.name, "task": cfg.task, "config": to_dict(cfg), "seeds": cfg.seeds,
            "ood_note": cfg.ood_note, "arms": results, "sweep": cfg.sweep_arms(), "sweep_points": cfg.sweep_points(),
-           "claim": judge_claim(cfg, results), "gap_closed": gap_closed(cfg, results),
+           "claim": judge_claim(cfg, results),
+           "look_test": judge_claim(cfg, results, cfg.look_test) if cfg.look_test else None, "gap_closed": gap_closed(cfg, results),
            "curve": oracle_curve(cfg, results), "rows": _rows(cfg, results)}
     with atomic_output(layout.results) as tmp:
         tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
@@ -789,6 +803,13 @@ def _rows(cfg: ExperimentConfig, results: list[dict]) -> list[dict]:
             row["seeds"] = ", ".join(map(str, r.get("seeds_done", []))) if r["status"] == "done" else "-"
         rows.append(row)
     return rows
+
+
+def _trial_counts(cfg: ExperimentConfig) -> str:
+    counts = {p: panel_trials(cfg, p) for p in cfg.eval.panels}
+    if len(set(counts.values())) == 1:
+        return f"{next(iter(counts.values()))} seeded trials per panel"
+    return "seeded trials per panel: " + ", ".join(f"{p} {n}" for p, n in counts.items())
 
 
 def _gap(g: float | None) -> str:
@@ -819,7 +840,7 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
              if len(cfg.seeds) > 1 and cfg.seeded_arms else "")
     lines = [f"# {cfg.name}", "",
              f"Task `{cfg.task}` in the lab; {pol.describe(cfg.eval.num_inference_steps)}, {cfg.train.steps} training steps of "
-             f"batch {cfg.train.batch_size}; {cfg.eval.n_trials} seeded trials per panel; {seeds}success rate with "
+             f"batch {cfg.train.batch_size}; {_trial_counts(cfg)}; {seeds}success rate with "
              "95% Wilson interval (successes/trials).", ""]
     if cfg.ood_note:
         lines += [f"OOD: {cfg.ood_note}", ""]
@@ -871,10 +892,11 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
                 f"{100 * q[p]['success_rate']:.0f}% [{100 * q[p]['ci95'][0]:.0f}, {100 * q[p]['ci95'][1]:.0f}]"
                 for p in panels) + " |")
         lines.append("")
-    claim = doc.get("claim")
-    if claim:
+    for title, claim in (("Claim", doc.get("claim")), ("Look test", doc.get("look_test"))):
+        if not claim:
+            continue
         verdict = {True: "HOLDS", False: "DOES NOT HOLD", None: "UNDECIDED"}[claim["holds"]]
-        lines += ["## Claim (fixed before the run)", "",
+        lines += [f"## {title} (fixed before the run)", "",
                   *([claim["statement"], ""] if claim.get("statement") else []),
                   f"`{claim['arm']}` beats {', '.join(f'`{b}`' for b in claim['beats'])} on "
                   f"{', '.join(claim['panels'])} ({claim['rule']}): **{verdict}**", "",
