@@ -11,6 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from diffusers import FlowMatchEulerDiscreteScheduler
 from safetensors.torch import load_file
 
@@ -641,3 +643,116 @@ def test_save_pretrained_replaces_only_its_own_folders(trained, tmp_path):
     with pytest.raises(TranslatorMismatchError, match="not a translator pipeline folder"):
         pipe.save_pretrained(user)
     assert (user / "notes.txt").read_text() == "keep"
+
+
+def test_label_backdrop_keeps_a_robot_pixel_the_colour_of_the_wall():
+    """backdrop_from=labels: the residual starts from the real plate where the twin's labels say background, and
+    from the twin's render on the robot even where the robot's colour equals the twin's backdrop there (the colour
+    test took such pixels for backdrop and drew the wall through the arm)."""
+    from comsim.io.labels import seg_to_rgb
+
+    labels = np.zeros((4, 16, 16), np.int32)
+    labels[:, 4:12, 6:10] = 1  # the arm
+    seg = video_to_tensor(seg_to_rgb(labels)[None])  # (1, 3, 4, 16, 16) in [-1, 1]
+    g = torch.Generator().manual_seed(0)
+    twin_wall = torch.rand(1, 3, 1, 16, 16, generator=g) * 2 - 1
+    render = twin_wall.expand(1, 3, 4, 16, 16).clone()  # the arm drawn in the wall's own colours
+    sim = torch.cat([render, seg], dim=1)
+    real = torch.rand(1, 3, 4, 16, 16, generator=g) * 2 - 1
+    kw = dict(in_channels=3, sim_channels=6, action_dim=8, num_frames=4, sample_size=(16, 16), patch_size=(1, 8, 8),
+              dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True, background_plate=True, seg_channel=3)
+    flat = lambda v: v.transpose(1, 2).flatten(0, 1)  # noqa: E731  (B, C, T, H, W) -> (B*T, C, H, W)
+    arm = torch.as_tensor(labels == 1)[None, None].expand(1, 3, 4, 16, 16)
+    for source, arm_is_backdrop in (("colour", True), ("labels", False)):
+        model = CompositionalVideoDiT(**kw, backdrop_from=source).eval()
+        model.fit_background_plate(flat(real), flat(sim))
+        backdrop = model.shows_backdrop(sim)[:, 0]
+        assert bool(backdrop[0][torch.as_tensor(labels == 1)].all()) == arm_is_backdrop
+        assert backdrop[0][torch.as_tensor(labels == 0)].all()
+        ones = torch.ones(1, dtype=torch.bool)
+        with torch.no_grad():
+            x0 = model(torch.randn_like(real), torch.tensor([500.0]), torch.zeros(1, 4, 8), sim, ones, ones)
+        if source == "labels":  # a fresh model: the twin's arm where the labels put it, the real plate elsewhere
+            torch.testing.assert_close(x0[arm], render[arm])
+            torch.testing.assert_close(x0[~arm], model.plate_real[None, :, None].expand_as(x0)[~arm])
+    with pytest.raises(ValueError, match="backdrop_from='labels' needs pixel latents"):
+        CompositionalVideoDiT(**{**kw, "seg_channel": -1}, backdrop_from="labels")
+
+
+def test_pixel_head_draws_no_token_grid():
+    """pixel_head: a fresh head returns the residual's start exactly; a change in one token's features changes
+    pixels beyond its own block (its cells are upsampled bilinearly into its neighbours'), where the per-token
+    output changes exactly its block, one square of paint per token; the gradient reaches the token projection."""
+    kw = dict(in_channels=3, sim_channels=6, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 8, 8),
+              dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True)
+    g = torch.Generator().manual_seed(1)
+    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 6, 2, 32, 32, generator=g) * 0.1
+    t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
+    torch.manual_seed(0)
+    head = CompositionalVideoDiT(**kw, pixel_head=4, head_cells=2)
+    torch.manual_seed(0)
+    per_token = CompositionalVideoDiT(**kw)
+    with torch.no_grad():
+        assert torch.equal(head(x, t, a, s), s[:, :3])
+        for m in (head, per_token):
+            torch.manual_seed(2)
+            for p in m.parameters():
+                if p.abs().sum() == 0:
+                    p.normal_(0, 0.2)
+        h = torch.randn(2, 2 * 4 * 4, 32, generator=g)  # tokens (B, T*Ht*Wt, D)
+        h2 = h.clone()
+        h2[:, 5] += 1.0  # frame 0, token row 1, column 1: pixels 8..15 x 8..15
+        start, sim, mask = s[:, :3], s, torch.ones(2, 1, 2, 32, 32)
+        changed_head = (head._pixel_head(h2, start, sim, mask, (2, 4, 4))
+                        - head._pixel_head(h, start, sim, mask, (2, 4, 4))).abs().amax((0, 1)) > 1e-6
+        paint = lambda hh: rearrange(per_token.proj_out(hh), "b (t h w) (c ph pw) -> b c t (h ph) (w pw)",  # noqa: E731
+                                     t=2, h=4, w=4, ph=8, pw=8)
+        changed_token = (paint(h2) - paint(h)).abs().amax((0, 1)) > 1e-6
+    block = torch.zeros(2, 32, 32, dtype=torch.bool)
+    block[0, 8:16, 8:16] = True
+    assert torch.equal(changed_token, block)
+    assert changed_head[block].all() and changed_head[~block].sum() > 8 * 4 and not changed_head[1].any()
+    head(x, t, a, s).square().mean().backward()
+    assert head.head_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="pixel_head replaces the per-token output"):
+        CompositionalVideoDiT(**kw, pixel_head=4, local_affine=2)
+    with pytest.raises(ConfigError, match="model.head_cells: expected an integer >= 1 dividing the patch's 4x4"):
+        micro_cfg("unused", "model.prediction_type=sample", "model.sim_residual=true", "model.pixel_head=4",
+                  "model.head_cells=3")
+
+
+def test_shift_tolerant_loss_does_not_reward_a_blurred_guess():
+    """Against a real frame whose arm is 1 px off the twin's, the plain squared error prefers the blend of arm and
+    background (a translucent, doubled arm) to the sharp arm where the twin put it; the shift-tolerant loss
+    charges the sharp arm nothing and the blend something."""
+    from comsim.translator.training import shift_tolerant_mse
+
+    twin = torch.full((1, 3, 1, 32, 32), -0.5)
+    twin[..., 10:22, 12:15] = 0.8  # a 3-px arm link
+    real = torch.roll(twin, 1, dims=-1)  # the real arm, one pixel to the right
+    blend = (twin + real) / 2
+    plain = lambda p: F.mse_loss(p, real)  # noqa: E731
+    assert plain(blend) < plain(twin)
+    assert shift_tolerant_mse(twin, real, 1, 8) < 1e-12 < shift_tolerant_mse(blend, real, 1, 8)
+    assert shift_tolerant_mse(twin, real, 0, 8) == pytest.approx(float(plain(twin)))
+    weight = torch.ones(1, 1, 1, 32, 32)
+    assert shift_tolerant_mse(blend, real, 1, 8, weight) == pytest.approx(float(shift_tolerant_mse(blend, real, 1, 8)))
+    with pytest.raises(ValueError, match="train.shift_tolerance compares clean frames"):
+        micro_cfg("unused", "train.shift_tolerance=1")
+
+
+def test_the_last_sampling_step_lands_on_the_prediction():
+    """A clean-frame (x-prediction) model samples at noise levels 1, 3/4, 1/2, 1/4 and ends at 0, so its last
+    Euler step returns the model's prediction itself: a fresh sim-residual model (x0 = the sim video whatever the
+    input) gives back the sim video exactly, not 0.1% of the noise away."""
+    torch.manual_seed(0)
+    model = CompositionalVideoDiT(num_frames=4, sample_size=(16, 16), dim=32, depth=2, heads=2,
+                                  prediction_type="sample", sim_residual=True).eval()
+    pipe = TranslatorPipeline(model, PixelCodec(), FlowMatchEulerDiscreteScheduler(),
+                              ActionNormalizer(np.zeros(8), np.ones(8)), num_frames=4, resolution=(16, 16))
+    pipe._timesteps(4, 1.0)
+    torch.testing.assert_close(pipe.scheduler.sigmas, torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0]))
+    _, _, a, s = inputs()
+    noise = torch.randn(s.shape, generator=torch.Generator().manual_seed(3))
+    x = pipe._sample_window(s, a, noise, 4, 0.0, 1.0, 1.0)
+    assert (x - s).abs().max() < 1e-5

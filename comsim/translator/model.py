@@ -40,6 +40,7 @@ from comsim.io.labels import SEG_DECODE_TOLERANCE, SEG_PALETTE
 
 
 PREDICTION_TYPES = ("velocity", "sample")
+BACKDROP_SOURCES = ("colour", "labels")
 
 
 def twin_object_labels(seg: torch.Tensor) -> torch.Tensor:
@@ -220,6 +221,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         local_affine: int = 0,
         paste_twin_objects: bool = False,
         seg_channel: int = -1,
+        backdrop_from: str = "colour",
+        pixel_head: int = 0,
+        head_cells: int = 4,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -245,6 +249,19 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                              f"{tuple(patch_size)} needs heights and widths divisible by it (0 = off)")
         if local_affine and not sim_residual:
             raise ValueError("local_affine needs sim_residual=True: its features include the residual's start")
+        if backdrop_from not in BACKDROP_SOURCES:
+            raise ValueError(f"backdrop_from must be one of {BACKDROP_SOURCES}, got {backdrop_from!r}")
+        if background_plate and backdrop_from == "labels" and not (in_channels == 3
+                                                                  and in_channels <= seg_channel <= sim_channels - 3):
+            raise ValueError(f"backdrop_from='labels' needs pixel latents (in_channels=3, got "
+                             f"{in_channels}) and the label video's 3 channels in the sim condition (seg_channel="
+                             f"{seg_channel} of {sim_channels} sim channels)")
+        if pixel_head < 0 or (pixel_head and (head_cells < 1 or ph % head_cells or pw % head_cells)):
+            raise ValueError(f"pixel_head={pixel_head} (channels, 0 = off) needs head_cells={head_cells} to divide the "
+                             f"patch's height and width {(ph, pw)}")
+        if pixel_head and (local_affine or refine_channels or not sim_residual):
+            raise ValueError("pixel_head replaces the per-token output, local_affine and refine_channels: it needs "
+                             "sim_residual=True and the other two off")
         if paste_twin_objects and not (sim_residual and in_channels == 3 and in_channels <= seg_channel <= sim_channels - 3):
             raise ValueError(f"paste_twin_objects needs sim_residual=True, pixel latents (in_channels=3, got {in_channels}) "
                              f"and the label video's 3 channels in the sim condition (seg_channel={seg_channel} of "
@@ -266,10 +283,29 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         self.blocks = nn.ModuleList([DiTBlock(dim, heads, mlp_ratio) for _ in range(depth)])
         self.norm_out = nn.LayerNorm(dim, elementwise_affine=False, eps=1e-6)
         self.ada_out = nn.Linear(dim, 2 * dim)
-        self.proj_out = nn.Linear(dim, in_channels * pt * ph * pw)
+        self.proj_out = None if pixel_head else nn.Linear(dim, in_channels * pt * ph * pw)
         for lin in (self.ada_out, self.proj_out):
-            nn.init.zeros_(lin.weight)
-            nn.init.zeros_(lin.bias)
+            if lin is not None:
+                nn.init.zeros_(lin.weight)
+                nn.init.zeros_(lin.bias)
+        self.head_proj = self.head = None
+        if pixel_head:
+            # A full-resolution head instead of painting each token's 16x16 pixels on its own: the tokens give
+            # pixel_head features per cell of a grid head_cells times finer than the patches, upsampled
+            # bilinearly to every pixel (so no pixel is drawn by one token alone and no token edge shows), then
+            # per-pixel convolutions mix them with the twin's full-resolution features (the residual's start, the
+            # render, its labels and normals) into a gain and an offset on the start: edges and texture come from
+            # the twin, light and colour from the tokens. Zero-initialised last layer: starts as the start itself.
+            self.head_proj = nn.Linear(dim, pixel_head * pt * head_cells * head_cells)
+            c_in = pixel_head + in_channels + sim_channels + 1
+            # per-pixel layers, and one depthwise 3x3 so a pixel sees its neighbours (the camera's blur of an
+            # edge); a full 3x3 convolution at 128x128 cost 2.6x the whole training step here
+            hidden = 2 * pixel_head
+            self.head = nn.Sequential(nn.Conv2d(c_in, hidden, 1), nn.SiLU(),
+                                      nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden), nn.SiLU(),
+                                      nn.Conv2d(hidden, 2 * in_channels, 1))
+            nn.init.zeros_(self.head[-1].weight)
+            nn.init.zeros_(self.head[-1].bias)
         self.refine = None
         if refine_channels:
             # Per-frame convolutions at the full latent resolution over (patch output, noisy input, sim, mask):
@@ -315,11 +351,13 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         if not self.config.background_plate:
             raise ValueError("fit_background_plate: this model has background_plate=False")
         C, H, W = self.plate_sim.shape
-        if real_latents.shape[1:] != (C, H, W) or sim_latents.shape != real_latents.shape:
-            raise ValueError(f"fit_background_plate: real and sim latents must both be (N, {C}, {H}, {W}), got "
-                             f"{tuple(real_latents.shape)} and {tuple(sim_latents.shape)}")
+        if real_latents.shape[1:] != (C, H, W) or sim_latents.shape[0] != real_latents.shape[0] \
+                or sim_latents.shape[1] < C or sim_latents.shape[2:] != (H, W):
+            raise ValueError(f"fit_background_plate: real latents (N, {C}, {H}, {W}) and their sim condition "
+                             f"(N, >= {C}, {H}, {W}) expected, got {tuple(real_latents.shape)} and "
+                             f"{tuple(sim_latents.shape)}")
         real, sim = real_latents.float().cpu(), sim_latents.float().cpu()
-        plate_sim = sim.median(dim=0).values
+        plate_sim = sim[:, :C].median(dim=0).values
         self.plate_sim.copy_(plate_sim)
         background = self.shows_backdrop(sim)  # (N, 1, H, W)
         plate_real = real.masked_fill(~background, float("nan")).nanmedian(dim=0).values
@@ -366,19 +404,30 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         return x
 
     def shows_backdrop(self, sim_latents: torch.Tensor) -> torch.Tensor:
-        """True where sim latents ``(N, C, ...)`` are within ``plate_tolerance`` of the twin's plate (dim 1 kept)."""
+        """True where the twin shows its backdrop, dim 1 kept: ``sim_latents`` (N, Cs, ...) is the sim condition
+        (render first, then its controls). ``backdrop_from="labels"``: the twin's label video says background
+        (label 0, its palette colour within SEG_DECODE_TOLERANCE), so a robot pixel the colour of the wall is still
+        robot; ``"colour"``: the render is within ``plate_tolerance`` of the twin's plate."""
+        if self.config.backdrop_from == "labels":
+            s = self.config.seg_channel
+            black = torch.full((1, 3, *([1] * (sim_latents.dim() - 2))), -1.0, device=sim_latents.device)
+            return ((sim_latents[:, s:s + 3].float() - black).square().sum(1, keepdim=True)
+                    <= (SEG_DECODE_TOLERANCE / 127.5) ** 2)
+        sim_latents = sim_latents[:, :self.config.in_channels]
         plate_sim = self.plate_sim.to(sim_latents).view(1, -1, *([1] * (sim_latents.dim() - 4)), *self.plate_sim.shape[1:])
         return (sim_latents - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance
 
     def residual_start(self, sim_latents: torch.Tensor) -> torch.Tensor:
-        """What the x0 prediction adds the network's output to: the sim latents ``(B, C, T, H, W)``, or with
-        the background plate, the real plate wherever the sim shows the background."""
+        """What the x0 prediction adds the network's output to: the sim render (the first C channels of the sim
+        condition ``(B, Cs, T, H, W)``), or with the background plate, the real plate wherever the twin shows
+        its backdrop."""
+        render = sim_latents[:, :self.config.in_channels]
         if not self.config.background_plate:
-            return sim_latents
+            return render
         if tuple(sim_latents.shape[-2:]) != tuple(self.plate_sim.shape[-2:]):
             raise ValueError(f"background_plate: the plate is {tuple(self.plate_sim.shape[-2:])} latent pixels, the sim "
                              f"latents are {tuple(sim_latents.shape[-2:])}: a plate model runs at its own resolution")
-        return torch.where(self.shows_backdrop(sim_latents), self.plate_real.to(sim_latents)[None, :, None], sim_latents)
+        return torch.where(self.shows_backdrop(sim_latents), self.plate_real.to(sim_latents)[None, :, None], render)
 
     # -- helpers ---------------------------------------------------------------------------
     def expected_action_frames(self, latent_frames: int) -> int:
@@ -424,6 +473,20 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
                          t=Tt, h=Ht, w=Wt, f=feats.shape[1], c=C, pt=pt, gh=g, gw=g)
         cells = rearrange(feats, "b f t (y cy) (x cx) -> b t f 1 y cy x cx", cy=cy, cx=cx)
         return rearrange((coef * cells).sum(2), "b t c y cy x cx -> b c t (y cy) (x cx)")
+
+    def _pixel_head(self, h_out, start, sim, mask, grid):
+        """The x0 prediction at full resolution: start * (1 + gain) + offset, gain and offset per pixel from the
+        tokens' features ``h_out`` (B, N, D) upsampled bilinearly and the twin's features (B, *, T, H, W)."""
+        c = self.config
+        B, C, T, H, W = start.shape
+        (Tt, Ht, Wt), pt, g = grid, c.patch_size[0], c.head_cells
+        feat = rearrange(self.head_proj(h_out), "b (t h w) (f pt gh gw) -> (b t pt) f (h gh) (w gw)",
+                         t=Tt, h=Ht, w=Wt, pt=pt, gh=g, gw=g)
+        feat = F.interpolate(feat, size=(H, W), mode="bilinear", align_corners=False)
+        pixels = rearrange(torch.cat([start, sim, mask], dim=1), "b c t h w -> (b t) c h w")
+        gain, offset = self.head(torch.cat([feat, pixels], dim=1)).chunk(2, dim=1)
+        out = pixels[:, :C] * (1 + gain) + offset
+        return rearrange(out, "(b t) c h w -> b c t h w", b=B)
 
     # -- forward ---------------------------------------------------------------------------
     def forward(self, noisy_latents, timestep, actions, sim_latents, action_keep=None, sim_keep=None):
@@ -471,6 +534,14 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
 
         shift, scale = self.ada_out(F.silu(cond)).repeat_interleave(Ht * Wt, dim=1).chunk(2, dim=-1)
         h_out = self.norm_out(x) * (1 + scale) + shift
+        if self.head is not None:
+            start = self.residual_start(sim_latents) * sk
+            if c.background_plate:  # without the sim, from the plate (as below)
+                start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
+            x = self._pixel_head(h_out, start.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype), (Tt, Ht, Wt))
+            if c.paste_twin_objects:
+                x = self._paste_twin_objects(x, sim_latents, sim_keep)
+            return x
         x = rearrange(self.proj_out(h_out), "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
         if self.refine is not None:
@@ -478,7 +549,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             frames = rearrange(frames, "b c t h w -> (b t) c h w")
             x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
-            start = self.residual_start(sim_latents[:, :C]) * sk
+            start = self.residual_start(sim_latents) * sk
             if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
                 start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
             x = x + start.to(x.dtype)

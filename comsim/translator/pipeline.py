@@ -68,6 +68,7 @@ class TranslatorPipeline:
         self.camera, self.num_frames, self.resolution = camera, int(num_frames), tuple(resolution)
         self.controls, self.fps, self.provenance = tuple(controls), fps, dict(provenance or {})
         self.sampling = own_sampling(sampling)
+        self.final_step_to_x0 = True
         self._check_consistency()
 
     # -- consistency -----------------------------------------------------------------------
@@ -210,7 +211,13 @@ class TranslatorPipeline:
     def _timesteps(self, num_steps: int, strength: float) -> torch.Tensor:
         """Set the scheduler up for one window and return the timesteps to run: all ``num_steps``
         at strength 1; a strength < 1 runs only the last ones (the scheduler starts at that index)."""
-        self.scheduler.set_timesteps(num_steps, device=self.device)
+        if self.transformer.config.prediction_type == "sample" and self.final_step_to_x0:
+            # noise levels 1, (n-1)/n, ..., 1/n, then 0: the last Euler step, from 1/n to 0, lands on the model's
+            # clean-frame prediction itself. The scheduler's own spacing ends 1/1000 above 0, so its last step
+            # moved 2% of the way to the newest prediction and the last model call was wasted.
+            self.scheduler.set_timesteps(sigmas=[1.0 - i / num_steps for i in range(num_steps)], device=self.device)
+        else:
+            self.scheduler.set_timesteps(num_steps, device=self.device)
         start = num_steps - min(num_steps, max(1, int(round(num_steps * strength))))
         self.scheduler.set_begin_index(start)
         return self.scheduler.timesteps[start:]

@@ -66,6 +66,12 @@ class ModelConfig:
     background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
     plate_tolerance: float = 0.38  # latent units summed over channels (0.38: 48 grey levels in pixel space)
     plate_frames: int = 512  # training frames the plates are fit on (evenly spread)
+    # where the residual starts from the plate: "labels" (the twin's label 0, needs seg in data.controls) or
+    # "colour" (the render within plate_tolerance of the twin's plate)
+    backdrop_from: str = "colour"
+    # > 0: a full-resolution head of this many channels replaces the per-token output (see model.py)
+    pixel_head: int = 0
+    head_cells: int = 4  # pixel_head: feature cells per patch side, upsampled bilinearly to every pixel
     gradient_checkpointing: bool = False
 
 
@@ -127,6 +133,12 @@ class TrainConfig:
     # one pixel of margin) this much more: a 5-px cube is 0.2% of a frame, yet where it is drawn is what a
     # policy learns from
     object_weight: float = 1.0
+    # > 0 (loss_target sample): the clean-frame loss forgives a shift of up to this many pixels, per block of
+    # shift_block x shift_block px (the smallest squared error over the shifts): a twin a pixel off its real frame
+    # then costs nothing, so the model is not taught to hedge between arm and background (a translucent,
+    # doubled arm) and draws the arm where the twin put it
+    shift_tolerance: int = 0
+    shift_block: int = 8
     logit_normal_mean: float = 0.0
     logit_normal_std: float = 1.0
     use_ema: bool = True
@@ -196,6 +208,16 @@ class TranslatorConfig:
             raise ValueError("model.paste_twin_objects=true needs model.sim_residual=true, codec.type=pixel and seg in "
                              f"data.controls (got {m.sim_residual}, {self.codec.type!r}, {list(self.data.controls)}): "
                              "the objects are found by the twin's labels and recoloured in pixel space")
+        if m.backdrop_from == "labels" and m.background_plate and not (self.codec.type == "pixel"
+                                                                        and "seg" in self.data.controls):
+            raise ValueError("model.backdrop_from=labels needs codec.type=pixel and seg in data.controls (got "
+                             f"{self.codec.type!r}, {list(self.data.controls)}): the backdrop is the twin's label 0")
+        if m.pixel_head and (m.local_affine or m.refine_channels or not m.sim_residual):
+            raise ValueError("model.pixel_head replaces the per-token output: it needs model.sim_residual=true and "
+                             f"model.local_affine and model.refine_channels 0 (got {m.sim_residual}, "
+                             f"{m.local_affine}, {m.refine_channels})")
+        if t.shift_tolerance and t.loss_target != "sample":
+            raise ValueError("train.shift_tolerance compares clean frames: it needs train.loss_target=sample")
         if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
             raise ValueError(f"model.local_affine={m.local_affine} needs model.sim_residual=true and "
                              "model.prediction_type=sample: its maps act on the residual's start")
@@ -211,6 +233,7 @@ class TranslatorConfig:
         from diffusers.optimization import SchedulerType
 
         m, c, d, t, s = self.model, self.codec, self.data, self.train, self.sampling
+        _, ph, pw = m.patch_size if len(m.patch_size) == 3 else (1, 1, 1)
 
         def whole(v, low):
             return isinstance(v, int) and not isinstance(v, bool) and v >= low
@@ -226,6 +249,12 @@ class TranslatorConfig:
             ("model.action_fourier", m.action_fourier, whole(m.action_fourier, 0), "an integer >= 0"),
             ("model.plate_tolerance", m.plate_tolerance, m.plate_tolerance >= 0, "a number >= 0"),
             ("model.plate_frames", m.plate_frames, whole(m.plate_frames, 1), "an integer >= 1"),
+            ("model.backdrop_from", m.backdrop_from, m.backdrop_from in ("colour", "labels"), "colour or labels"),
+            ("model.pixel_head", m.pixel_head, whole(m.pixel_head, 0), "an integer >= 0 (0 = off)"),
+            ("model.head_cells", m.head_cells, not m.pixel_head or (whole(m.head_cells, 1) and ph % max(m.head_cells, 1) == 0
+                                                                     and pw % max(m.head_cells, 1) == 0), f"an integer >= 1 dividing the patch's {ph}x{pw} pixels"),
+            ("train.shift_tolerance", t.shift_tolerance, whole(t.shift_tolerance, 0), "an integer >= 0 (0 = off)"),
+            ("train.shift_block", t.shift_block, whole(t.shift_block, 1), "an integer >= 1"),
             ("codec.frames_per_batch", c.frames_per_batch, whole(c.frames_per_batch, 1), "an integer >= 1"),
             ("data.num_frames", d.num_frames, whole(d.num_frames, 1), "an integer >= 1"),
             ("data.resolution", list(d.resolution), all(whole(v, 1) for v in d.resolution), "[height, width] >= 1"),
@@ -381,8 +410,10 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
         sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
         background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, local_affine=m.local_affine,
-        paste_twin_objects=m.paste_twin_objects,
-        seg_channel=codec.latent_channels + 3 * list(cfg.data.controls).index("seg") if m.paste_twin_objects else -1)
+        paste_twin_objects=m.paste_twin_objects, backdrop_from=m.backdrop_from, pixel_head=m.pixel_head,
+        head_cells=m.head_cells,
+        seg_channel=codec.latent_channels + 3 * list(cfg.data.controls).index("seg") if "seg" in cfg.data.controls
+        else -1)
     if m.gradient_checkpointing:
         model.enable_gradient_checkpointing()
     return model
@@ -408,7 +439,7 @@ def fit_on_training_pairs(model: CompositionalVideoDiT, train_ds: PairedWindowDa
     real, sim = torch.cat(real), torch.cat(sim)
     fitted = {}
     if model.config.background_plate:
-        fitted["background"] = model.fit_background_plate(real, sim[:, :C])
+        fitted["background"] = model.fit_background_plate(real, sim)
     if model.config.paste_twin_objects:
         fitted["object_pixels"] = model.fit_object_colours(real, sim)
     return fitted
@@ -453,12 +484,35 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
     if cfg.loss_target == "sample":  # the clean frame: x0 = x_t - t v for a velocity model
         pred = out.float() if prediction_type == "sample" else x_t.float() - tt * out.float()
         target = x0.float()
+        if cfg.shift_tolerance:
+            return shift_tolerant_mse(pred, target, cfg.shift_tolerance, cfg.shift_block, weight)
     else:  # on the velocity whatever the model predicts (JiT: x-prediction, v-loss)
         pred, target = velocity_from_output(out.float(), x_t.float(), t, prediction_type), (noise - x0).float()
     if weight is None:
         return F.mse_loss(pred, target)
     weight = weight.float().expand_as(pred)
     return ((pred - target).square() * weight).sum() / weight.sum()
+
+
+def shift_tolerant_mse(pred: torch.Tensor, target: torch.Tensor, radius: int, block: int,
+                       weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean squared error of ``pred`` against ``target`` (B, C, T, H, W) where each block of ``block`` x ``block``
+    pixels of every frame is compared with the target shifted by whichever (dy, dx), |dy|, |dx| <= ``radius``,
+    fits it best (edges replicated). ``weight`` (B, 1, T, H, W): per-pixel weights (a weighted mean)."""
+    B, C, T, H, W = pred.shape
+    p = pred.transpose(1, 2).reshape(B * T, C, H, W)
+    q = F.pad(target.transpose(1, 2).reshape(B * T, C, H, W), (radius,) * 4, mode="replicate")
+    w = None if weight is None else weight.float().expand(B, 1, T, H, W).transpose(1, 2).reshape(B * T, 1, H, W)
+    errs = []
+    for dy in range(-radius, radius + 1):
+        for dx in range(-radius, radius + 1):
+            shifted = q[:, :, radius + dy:radius + dy + H, radius + dx:radius + dx + W]
+            e = (p - shifted).square().sum(1, keepdim=True)
+            errs.append(F.avg_pool2d(e if w is None else e * w, block, ceil_mode=True))
+    best = torch.stack(errs).min(0).values
+    if w is None:
+        return best.mean() / C
+    return best.sum() / (C * F.avg_pool2d(w, block, ceil_mode=True).sum())
 
 
 def find_checkpoint(output_dir: Path, resume: str | None) -> Path | None:
