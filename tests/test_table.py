@@ -134,6 +134,17 @@ def test_export_from_the_run_folder_gives_the_records_the_run_wrote_and_skips_un
     for f in sorted(run["records"].rglob("*")):
         if f.is_file() and f.name not in ("README.md", "table.png"):
             assert (out / f.relative_to(run["records"])).read_bytes() == f.read_bytes(), f
+    # a run whose paths are relative to the folder it ran from (as `comsim demo` makes them) exports from anywhere
+    moved = tmp_path / "elsewhere" / "runs" / "x" / "policy"
+    shutil.copytree(run["root"] / "exp", moved, ignore=shutil.ignore_patterns("cache"))
+    results = json.loads((moved / "results.json").read_text())
+    results["config"]["output_dir"] = "runs/x/policy"
+    (moved / "results.json").write_text(json.dumps(results))
+    assert export_run(moved, tmp_path / "moved", log=lambda *_: None)["written"] == report["written"]
+    for f in sorted((out).rglob("*")):
+        if f.is_file():
+            assert (tmp_path / "moved" / f.relative_to(out)).read_bytes() == f.read_bytes(), f
+    assert Path.cwd() != tmp_path / "elsewhere"  # the working directory is given back
     # an arm with a panel not scored yet is not finished: skipped, nothing written for it
     cfg = load_experiment(run["yaml"])
     d = Path(run["doc"]["arms"][0]["seeds"]["1"]["dir"])

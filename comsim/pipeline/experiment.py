@@ -972,8 +972,9 @@ def code_commit(where: str | Path) -> dict:
     (``commit: "unknown"`` outside a git checkout or without git)."""
     import subprocess
 
-    def git(*args):
-        return subprocess.run(["git", "-C", str(where), *args], capture_output=True, text=True, timeout=60)
+    def git(*args):  # --no-optional-locks: `status` leaves the index as it is (the checkout may be another's)
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(where), *args], capture_output=True, text=True,
+                              timeout=60)
     try:
         head = git("rev-parse", "HEAD")
         if head.returncode:
