@@ -152,6 +152,29 @@ def _report(a):
     print(build_report(Path(a.run_dir), title=a.title, max_episodes=a.max_episodes).resolve())
 
 
+def _table(a):
+    from comsim.errors import InputError
+
+    if a.dir == "export":  # comsim table export RUN --out DIR
+        from comsim.pipeline.experiment import export_run
+
+        if not a.run or not a.out:
+            raise InputError(None, "comsim table export", "RUN (an experiment's output folder or YAML) and --out DIR",
+                             " ".join(filter(None, [a.run, a.out and f"--out {a.out}"])) or "neither")
+        report = export_run(Path(a.run), Path(a.out), experiment=a.experiment, overrides=a.set,
+                            log=lambda msg: print(msg, file=sys.stderr))
+        print(json.dumps(report))
+        return
+    if a.run or a.out or a.experiment or a.set:
+        raise InputError(None, "comsim table DIR", "no other argument (RUN, --out, --experiment and --set are for "
+                         "`comsim table export`)", a.run or a.out or a.experiment or a.set)
+    from comsim.pipeline.table import FIGURE_FILE, PAGE_FILE, VERDICTS, pool_table
+
+    doc = pool_table(Path(a.dir))
+    print(json.dumps({"page": str(Path(a.dir) / PAGE_FILE), "figure": str(Path(a.dir) / FIGURE_FILE),
+                      **{k: VERDICTS[doc[k]["holds"]] for k in ("claim", "look_test") if doc[k]}}))
+
+
 def _demo(a):
     from comsim.pipeline.demo import demo_summary, run_demo
 
@@ -335,6 +358,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a twin that fails its self-check: refuse (the run stops at the twin) or mark (go on, its "
                          "episodes marked unreliable)")
     rn.set_defaults(func=_run)
+
+    t = sub.add_parser("table", help="a policy table's page from its trial records (`comsim table DIR`), or those "
+                       "records from an experiment (`comsim table export RUN --out DIR`)",
+                       description="comsim table DIR: pool the records in DIR (and only them) into DIR/README.md and "
+                       "DIR/table.png. comsim table export RUN --out DIR: write the trial records of RUN's finished "
+                       "arms (RUN: an experiment's output folder, or its YAML) into DIR.")
+    t.add_argument("dir", help="the records folder, e.g. docs/results/tables/workshop; or `export`")
+    t.add_argument("run", nargs="?", default=None, help="export: the experiment's output folder (with results.json) "
+                   "or its YAML")
+    t.add_argument("--out", default=None, help="export: the records folder to write")
+    t.add_argument("--experiment", default=None, help="export: an experiment YAML whose `comparisons` replace the "
+                   "run's (its claim, look test and gap must be the run's)")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="export from a YAML: a dotted override of it (repeatable)")
+    t.set_defaults(func=_table)
 
     d = sub.add_parser("demo", help="run the main job on a lab cell (default: the built-in lab)")
     d.add_argument("--out", default="runs/demo", help="the run folder: every output goes under it")

@@ -31,3 +31,13 @@ def test_the_test_is_symmetric_and_blind_to_concordant_trials():
 def test_arms_scored_on_other_trials_are_refused():
     with pytest.raises(ValueError, match="not scored on the same trials"):
         paired_table({1: True, 2: False}, {1: True, 3: True})
+
+
+def test_the_claims_rule_needs_both_the_effect_and_the_p_value():
+    from comsim.pipeline.stats import meets
+    # 16 trials the arm alone wins, 3 the other alone, of 50: +26 points, p = 2320 / 2^19 = 0.0044
+    res = compare({i: i < 16 or 19 <= i < 30 for i in range(50)}, {i: 16 <= i < 30 for i in range(50)})
+    assert res["effect"] == pytest.approx(0.26) and res["p_value"] == pytest.approx(2320 / 2 ** 19)
+    assert meets(res, min_effect=0.10, alpha=0.05)
+    assert not meets(res, min_effect=0.30, alpha=0.05)  # significant, but smaller than the effect asked for
+    assert not meets(res, min_effect=0.10, alpha=res["p_value"])  # p must be below alpha, not equal to it

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from comsim.config import PRECISIONS, ConfigError, load_config, to_dict
 from comsim.episode import hash_dict
+from comsim.errors import ComSimError
 from comsim.io.files import atomic_output
 from comsim.io.lerobot import DatasetError, dataset_complete, dataset_fingerprint
 from comsim.lab.cell import Region
@@ -47,6 +48,7 @@ BUILDS = ("lab", "factory", "demo_derived", "convert", "compose")
 # here that changes results is never mixed with results made before it
 EXPERIMENT_VERSION = 2
 INPUTS_FILE = "inputs.json"
+COMMIT_FILE = "commit.json"  # in an arm's folder: the commit of the code that trained it (code_commit)
 NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 
 
@@ -156,6 +158,15 @@ class ClaimConfig:
 
 
 @dataclass
+class ComparisonConfig:
+    """Paired comparisons reported beside the claim, judged by nothing: each pair is (arm, other), on every panel
+    of ``panels`` (default: all), with the same paired test as the claim."""
+    title: str
+    pairs: list[tuple[str, str]]
+    panels: list[str] | None = None
+
+
+@dataclass
 class GapConfig:
     """"Gap closed" of every arm: (arm - baseline) / (oracle - baseline), per panel: 0 is no
     better than the few real demonstrations, 1 as good as many real ones."""
@@ -195,6 +206,11 @@ class ExperimentConfig:
     seeded_arms: list[str] = field(default_factory=list)
     # what the OOD panel is out of distribution for, printed with the table
     ood_note: str = ""
+    # comparisons reported beside the claim and the look test (not pre-registered: no verdict)
+    comparisons: list[ComparisonConfig] = field(default_factory=list)
+    # trial records (comsim.pipeline.records) written here after every finished arm, e.g.
+    # docs/results/tables/<cell>; None: none. Not part of any arm's or panel's key.
+    records_dir: str | None = None
 
     def __post_init__(self):
         policy_config(self.policy)  # validate early: errors name policy.<field>
@@ -229,8 +245,14 @@ class ExperimentConfig:
             for p in claim.panels:
                 if p not in self.eval.panels:
                     raise ConfigError(f"{where}.panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
+        for i, c in enumerate(self.comparisons):
+            for p in c.panels or []:
+                if p not in self.eval.panels:
+                    raise ConfigError(f"comparisons[{i}].panels: no panel {p!r}; eval.panels are {sorted(self.eval.panels)}")
         for where, a in ([("gap.baseline", self.gap.baseline), ("gap.oracle", self.gap.oracle)] if self.gap else []) \
-                + [(f"curve[{i}]", a) for i, a in enumerate(self.curve)]:
+                + [(f"curve[{i}]", a) for i, a in enumerate(self.curve)] \
+                + [(f"comparisons[{i}].pairs[{j}]", a) for i, c in enumerate(self.comparisons)
+                   for j, pair in enumerate(c.pairs) for a in pair]:
             if a not in names:
                 raise ConfigError(f"{where}: no arm {a!r}; arms are {names}")
 
@@ -460,6 +482,7 @@ def run_arm(cfg: ExperimentConfig, arm: ArmConfig, log=print, progress: bool = T
         from comsim.io.files import write_json
         out.mkdir(parents=True, exist_ok=True)
         write_json(inputs, out / INPUTS_FILE)
+        write_json(code_commit(Path(__file__).parent), out / COMMIT_FILE)  # the code that trains it, for its records
     data = None
     if not (out / "train_log.json").is_file():
         data = MixtureDataset(run.data, run.model_config(), run.cache_dir, where=f"arms[{arm.name}]")
@@ -593,6 +616,9 @@ def run_experiment(cfg: ExperimentConfig | str | Path, output_dir: str | Path | 
             raise ConfigError(f"--arms: no arm(s) {unknown}; arms are {[a.name for a in all_arms]}")
         all_arms = [a for a in all_arms if a.name in arms]
     check_experiment(cfg, all_arms)
+    if cfg.records_dir:  # a records folder of another table is refused before anything runs
+        from comsim.pipeline.records import check_definitions
+        check_definitions(cfg.records_dir, table_definitions(cfg))
     from comsim.io.lock import output_lock
     with output_lock(cfg.output_dir, "comsim experiment"):  # one writer per output; everything above wrote nothing
         return _run(cfg, every_arm, all_arms, log, progress)
@@ -660,6 +686,13 @@ def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmCo
             write_results(cfg, table())
         return bool(why)
 
+    def record(unit: tuple[str, int] | None) -> None:  # the trial records of one (arm, seed), or of all
+        if cfg.records_dir:
+            try:
+                export_records(cfg, cfg.records_dir, units=None if unit is None else {unit}, log=log)
+            except ComSimError as e:  # the records are a copy of results on disk: the experiment goes on
+                log(f"experiment: trial records not written: {e}")
+
     todo = [(a, s) for a in all_arms if not any(missing.get(x.dataset) for x in a.sources)
             for s in arm_seeds(cfg, a) if by_unit[(a.name, s)] is None]
     if cfg.arm_workers > 1 and len(todo) > 1:
@@ -672,6 +705,7 @@ def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmCo
             for done in as_completed(running):
                 by_unit[running[done]] = done.result()
                 write_results(cfg, table())  # after every run: a partial table is always on disk
+                record(running[done])
     else:
         for a in all_arms:
             if skipped(a):
@@ -679,7 +713,9 @@ def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmCo
             for s in arm_seeds(cfg, a):
                 by_unit[(a.name, s)] = run_arm(seed_config(cfg, s), a, log, progress)
                 write_results(cfg, table())  # after every run: a partial table is always on disk
+                record((a.name, s))
     out = write_results(cfg, table())
+    record(None)  # and every (arm, seed) finished before this run
     log(f"experiment: {cfg.name} done in {time.time() - t0:.0f} s -> {ExperimentLayout(cfg.output_dir).results_md}")
     return out
 
@@ -717,7 +753,7 @@ def judge_claim(cfg: ExperimentConfig, results: list[dict], claim: ClaimConfig |
     the paired trials both arms ran (every seed both ran), the effect, its interval and the exact McNemar p;
     the claim holds when every comparison's effect is >= min_effect with p < alpha. ``claim``: another
     block judged by the same rule (default: ``cfg.claim``)."""
-    from comsim.pipeline.stats import compare
+    from comsim.pipeline.stats import compare, meets, rule_text
 
     c = claim or cfg.claim
     if c is None:
@@ -733,15 +769,19 @@ def judge_claim(cfg: ExperimentConfig, results: list[dict], claim: ClaimConfig |
                 continue
             shared = sorted(set(a["outcomes"][p]) & set(b["outcomes"][p]))
             res = compare({k: a["outcomes"][p][k] for k in shared}, {k: b["outcomes"][p][k] for k in shared})
-            ok = res["effect"] >= c.min_effect and res["p_value"] < c.alpha
+            ok = meets(res, c.min_effect, c.alpha)
             checks.append({"arm": c.arm, "other": other, "panel": p, **res,
                            "result": "beats" if ok else "does not beat"})
             if not ok:
                 holds = False
     return {"arm": c.arm, "beats": c.beats, "panels": c.panels, "statement": c.statement, "holds": holds,
-            "checks": checks, "identity": hash_dict(to_dict(c))[:12],
-            "rule": (f"paired on the same trials (every training seed both arms ran): the arm's success rate higher "
-                     f"by >= {c.min_effect:g} and the exact McNemar two-sided p < {c.alpha:g}")}
+            "checks": checks, "identity": claim_identity(c),
+            "rule": rule_text(c.min_effect, c.alpha)}
+
+
+def claim_identity(claim: ClaimConfig) -> str:
+    """A pre-registered block's identity: results and records judged by another block say so."""
+    return hash_dict(to_dict(claim))[:12]
 
 
 def gap_closed(cfg: ExperimentConfig, results: list[dict]) -> dict[str, dict[str, float | None]]:
@@ -922,3 +962,158 @@ def render_markdown(cfg: ExperimentConfig, doc: dict) -> str:
                          f"{t['step_time_s']:.3f} | {t['wall_s']:.0f} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- records
+
+
+def code_commit(where: str | Path) -> dict:
+    """The git commit of the checkout holding ``where``, and whether its tracked files differ from it
+    (``commit: "unknown"`` outside a git checkout or without git)."""
+    import subprocess
+
+    def git(*args):  # --no-optional-locks: `status` leaves the index as it is (the checkout may be another's)
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(where), *args], capture_output=True, text=True,
+                              timeout=60)
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode:
+            return {"commit": "unknown", "dirty": None}
+        status = git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": "unknown", "dirty": None}
+    return {"commit": head.stdout.strip(), "dirty": bool(status.stdout.strip()) if status.returncode == 0 else None}
+
+
+def _cell_record(cell: str | None) -> dict:
+    """The cell by file name and content (a path is the machine's, the content is the cell)."""
+    return {"file": None if cell is None else Path(cell).name, "hash": _cell_hash(cell)}
+
+
+def table_definitions(cfg: ExperimentConfig) -> dict:
+    """What a table of this experiment is pooled and judged by, as its records folder keeps it (table.json)."""
+    def block(c: ClaimConfig | None):
+        return None if c is None else {**to_dict(c), "identity": claim_identity(c)}
+    return {"experiment": cfg.name, "task": cfg.task, "code": EXPERIMENT_VERSION, "cell": _cell_record(cfg.cell),
+            "panels": {p: {"kind": cfg.eval.panels[p].kind, "n_trials": panel_trials(cfg, p)} for p in cfg.eval.panels},
+            "eval_seed": cfg.eval.seed, "training_seed": cfg.train.seed,
+            "seeds": sorted(cfg.seeds), "seeded_arms": list(cfg.seeded_arms),
+            "arms": [{"name": a.name, "label": a.label} for a in cfg.all_arms()],
+            "claim": block(cfg.claim), "look_test": block(cfg.look_test),
+            "gap": to_dict(cfg.gap) if cfg.gap else None, "comparisons": [to_dict(c) for c in cfg.comparisons],
+            "ood_note": cfg.ood_note}
+
+
+def _translator(paths: list[str]) -> str | None:
+    """The translator that made the arm's translated episodes (their provenance's checkpoint hash), or None."""
+    from comsim.io.lerobot import LeRobotDataset
+
+    found = {}
+    for path in paths:
+        ds = LeRobotDataset(path)
+        for i in range(len(ds)):
+            h = ds.episode_info(i)["provenance"].translator_hash
+            if h:
+                found.setdefault(h, path)
+    if len(found) > 1:
+        raise DatasetError(f"{sorted(found.values())}: episodes made by {len(found)} translators "
+                           f"({sorted(found)}): one arm, one translator expected")
+    return next(iter(found), None)
+
+
+def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict) -> dict:
+    """Where one finished (arm, training seed)'s trials come from (``cfg``: the experiment at that seed)."""
+    out = Path(result["dir"])
+    names = {d.path: n for n, d in cfg.datasets.items()}
+    used = _recorded_inputs(out)["datasets"]
+    if (out / COMMIT_FILE).is_file():
+        commit = {**json.loads((out / COMMIT_FILE).read_text()), "recorded": "when the arm was trained"}
+    else:  # an arm trained before commits were recorded: the checkout its run folder is in, now
+        commit = {**code_commit(out), "recorded": "at export, from the checkout holding the run folder (the arm "
+                                                  "recorded no commit)"}
+    return {"arm": arm.name, "label": result["label"], "seed": seed, "training_seed": cfg.train.seed,
+            "arm_folder": out.name, "code": EXPERIMENT_VERSION, "cell": _cell_record(cfg.cell),
+            "datasets": {names.get(path, Path(path).name): fp for path, fp in sorted(used.items())},
+            "translator": _translator(sorted(used)),
+            "panels": {p: {"identity": {k: v for k, v in _panel_identity(cfg, p).items() if k != "cell"},
+                           "n_trials": panel_trials(cfg, p), "eval_key": eval_key(cfg, p),
+                           "trials_key": trials_key(cfg, p)} for p in cfg.eval.panels},
+            "claim": claim_identity(cfg.claim) if cfg.claim else None,
+            "look_test": claim_identity(cfg.look_test) if cfg.look_test else None,
+            "train_steps": result["train"]["steps"], "commit": commit}
+
+
+def export_records(cfg: ExperimentConfig, records_dir: str | Path, units: set[tuple[str, int]] | None = None,
+                   log=print) -> dict[str, list[str]]:
+    """Write the trial records (``comsim.pipeline.records``) of every finished (arm, training seed) of ``cfg``,
+    or of ``units`` only, into ``records_dir``; unfinished or stale ones are skipped (nothing is trained or
+    scored). The experiment's relative paths are read from the working directory, as ``run_experiment`` reads
+    them. A folder holding another table's records is refused before anything is written."""
+    from comsim.pipeline import records
+
+    defs = table_definitions(cfg)
+    records.check_definitions(records_dir, defs)
+    done, skipped = [], []
+    for a in cfg.all_arms():
+        for s in arm_seeds(cfg, a):
+            if units is not None and (a.name, s) not in units:
+                continue
+            scfg = seed_config(cfg, s)
+            r = finished_arm(scfg, a)
+            (done if r else skipped).append((a, s, scfg, r))
+    records.write_definitions(records_dir, defs)
+    for a, s, scfg, r in done:
+        rows = [{"panel": p, **{k: t[k] for k in ("trial", "seed", "success", "box", "steps")}}
+                for p, path in _panel_files(scfg, Path(r["dir"])).items() for t in json.loads(path.read_text())["trials"]]
+        records.write_unit(records_dir, a.name, s, rows, arm_manifest(scfg, a, s, r))
+        log(f"experiment: trial records of {a.name!r} seed {s} -> {records.unit_dir(records_dir, a.name, s)}")
+    return {"written": [f"{a.name}/seed{s}" for a, s, _, _ in done],
+            "skipped": [f"{a.name}/seed{s}" for a, s, _, _ in skipped]}
+
+
+def load_run(policy_dir: str | Path) -> tuple[ExperimentConfig, Path]:
+    """The config a finished or running experiment ran with (its results.json) and the folder its relative
+    paths are relative to (where it ran from)."""
+    from comsim.config import from_dict
+
+    layout = ExperimentLayout(policy_dir)
+    if not layout.results.is_file():
+        raise ConfigError(f"{layout.results}: expected an experiment's results (no arm has finished there yet, or "
+                          "this is not an experiment's output folder)")
+    cfg = from_dict(ExperimentConfig, json.loads(layout.results.read_text())["config"], str(layout.results))
+    here, out = Path(policy_dir).resolve(), Path(cfg.output_dir)
+    if out.is_absolute():
+        return cfg, Path.cwd()
+    if here.parts[-len(out.parts):] != out.parts:
+        raise ConfigError(f"{layout.results}: output_dir {cfg.output_dir!r} is relative, and {here} does not end "
+                          "with it: cannot tell where the experiment ran from")
+    return cfg, Path(*here.parts[:-len(out.parts)])
+
+
+def export_run(run: str | Path, records_dir: str | Path, experiment: str | Path | None = None,
+               overrides: list[str] | None = None, log=print) -> dict[str, list[str]]:
+    """``comsim table export``: the trial records of an experiment's finished arms into ``records_dir``.
+
+    ``run``: the experiment's output folder (the config it ran with is in its results.json) or its YAML (with
+    ``overrides``, read from the working directory). ``experiment``: a YAML whose ``comparisons`` replace the
+    run's (a run made before they were written down); its claim, look test and gap must be the run's."""
+    records_dir = Path(records_dir).resolve()
+    if Path(run).is_dir():
+        cfg, root = load_run(run)
+    else:
+        cfg, root = load_experiment(run, overrides), Path.cwd()
+    if experiment is not None:
+        mine = load_experiment(experiment)
+        for name in ("claim", "look_test", "gap"):
+            theirs, ours = (to_dict(x) if x else None for x in (getattr(cfg, name), getattr(mine, name)))
+            if theirs != ours:
+                raise ConfigError(f"{experiment}: {name}: expected the run's own (the pre-registered blocks come from "
+                                  f"the run), got another one")
+        cfg = dataclasses.replace(cfg, comparisons=mine.comparisons)
+    # the run's paths are its own strings (part of its arms' keys): read them from the folder it ran from
+    here = Path.cwd()
+    os.chdir(root)
+    try:
+        return export_records(cfg, records_dir, log=log)
+    finally:
+        os.chdir(here)

@@ -80,6 +80,17 @@ def paired_difference(t: PairedTable, z: float = Z95) -> tuple[float, tuple[floa
     return diff, (max(-1.0, d - z * se), min(1.0, d + z * se))
 
 
+def meets(res: dict, min_effect: float, alpha: float) -> bool:
+    """The pre-registered rule on one paired comparison (``compare``'s result): the arm's success rate higher by
+    at least ``min_effect`` and the exact McNemar two-sided p below ``alpha``."""
+    return res["effect"] >= min_effect and res["p_value"] < alpha
+
+
+def rule_text(min_effect: float, alpha: float) -> str:
+    return (f"paired on the same trials (every training seed both arms ran): the arm's success rate higher "
+            f"by >= {min_effect:g} and the exact McNemar two-sided p < {alpha:g}")
+
+
 def compare(arm: dict[int, bool], other: dict[int, bool]) -> dict:
     """The paired comparison of two arms' per-trial outcomes: table, effect, interval, exact McNemar p."""
     t = paired_table(arm, other)
