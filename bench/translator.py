@@ -227,7 +227,7 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fid_for=("co
 
 
 def robot_masks(cfg, episodes) -> tuple[list, str] | None:
-    """(scoring masks, motion masks) of each held-out episode's frames at the model resolution
+    """(scoring masks, silhouettes) of each held-out episode's frames at the model resolution
     (comsim.pipeline.robot_masks: the lab's truth where the pairs replay a lab recording, else the twin's robot
     label dilated), and where they came from; None where neither exists."""
     from comsim.pipeline.robot_masks import RobotMasks
@@ -254,8 +254,8 @@ def robot_region(preds: dict, episodes, masks, token: int) -> dict:
     from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
 
     reals = [e["real"] for e in episodes]
-    out = {name: pool_robot_region([robot_region_scores(p, r, m, motion, token)
-                                    for p, r, (m, motion) in zip(ps, reals, masks)])
+    out = {name: pool_robot_region([robot_region_scores(p, r, m, robot, token)
+                                    for p, r, (m, robot) in zip(ps, reals, masks)])
            for name, ps in {**preds, "real": reals}.items()}
     return out
 
@@ -280,9 +280,9 @@ def action_control(pipe, episodes, masks, sampling: SamplingParams, token: int, 
         mine = own[i][:n] if own is not None and n == len(own[i]) else \
             pipe(ep["sim"][:n], ep["action"][:n], sampling, seed=i, controls=ctrl)
         other = pipe(ep["sim"][:n], episodes[j]["action"][:n], sampling, seed=i, controls=ctrl)
-        m, motion = masks[i][0][:n], masks[i][1][:n]
+        m, robot = masks[i][0][:n], masks[i][1][:n]
         for name, frames in (("own", mine), ("swapped", other)):
-            scores[name].append(robot_region_scores(frames, ep["real"][:n], m, motion, token))
+            scores[name].append(robot_region_scores(frames, ep["real"][:n], m, robot, token))
         diff = np.abs(mine.astype(np.float64) - other.astype(np.float64)).mean(-1)
         change_in.append(diff[m]), change_out.append(diff[~m])
         rows.append([int(ep["episode"]), int(episodes[j]["episode"]), n])

@@ -184,13 +184,15 @@ def _policy(run: Path) -> None:
 
 def _robot_region() -> dict:
     """metrics.json's robot_region as the video-metrics stage writes it: a blurred arm and the real frames."""
+    from comsim.metrics.evaluate import to_json_safe
     from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
 
     real = _frames(3, MAGENTA)
     mask = np.all(real == MAGENTA, axis=-1)
     blurred = np.clip(real.astype(int) // 2 + 40, 0, 255).astype(np.uint8)
-    return {"translator": pool_robot_region([robot_region_scores(blurred, real, mask)]),
-            "real": pool_robot_region([robot_region_scores(real, real, mask)]), "mask_source": "lab truth (x/lab)"}
+    return {"translator": to_json_safe(pool_robot_region([robot_region_scores(blurred, real, mask)])),
+            "real": to_json_safe(pool_robot_region([robot_region_scores(real, real, mask)])),
+            "mask_source": "lab truth (x/lab)"}
 
 
 def _run_dir(root: Path) -> Path:

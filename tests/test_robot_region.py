@@ -209,9 +209,9 @@ def test_lab_truth_masks_for_a_twin_replay(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "elsewhere")  # the provenance's relative path resolves from above the dataset
     with RobotMasks(tmp_path / "run" / "paired", "front") as masks:
         assert masks.has_truth and "lab truth" in masks.source
-        true, motion = masks(0, (128, 128))
+        true, silhouette = masks(0, (128, 128))
     ep = LeRobotDataset(tmp_path / paired)[0]
-    assert true.shape == (len(ep), 128, 128) and motion is true
+    assert true.shape == (len(ep), 128, 128) and silhouette is true
     twin = robot_masks_from_labels(ep.frames["front_sim_seg"])
     assert mask_iou(twin, true).mean() > 0.8  # the true camera: the twin's silhouette lies on the truth
     assert rr.moving_frames(true).any() and not rr.moving_frames(true).all()

@@ -201,7 +201,7 @@ class EvalOptions:
     twin: str | None = None  # twin scene YAML: action consistency renders its robot masks
     twin_camera: str | None = None  # camera of the twin scene (default: the dataset camera)
     joints: str = "state"  # which joint vectors drive the twin masks: state | action
-    # the robot region: a callable (episode, (h, w), n frames) -> (scoring masks, motion masks), bool (n, h, w),
+    # the robot region: a callable (episode, (h, w), n frames) -> (scoring masks, silhouettes), bool (n, h, w),
     # e.g. comsim.pipeline.robot_masks.RobotMasks (the lab's truth); None: the twin's labels of ref (else pred)
     robot_masks: object | None = None
     robot_mask_source: str | None = None  # what robot_masks are, for the report
@@ -375,8 +375,8 @@ def _evaluate_episode(i, ps, rs, o, want, tools, acc, notes):
         a.setdefault("ref", []).append((i, ref_masks))
         a["pred_masks"].append(render_robot_masks(a["scene"], ps.joints(i, o.joints)[:t], cam, w, h, gripper))
     if "robot" in want:
-        masks, motion = tools["robot"]["masks"](i, p.shape[1:3], t)
-        scores = robot_region_scores(p, r, masks, motion, o.token_px)
+        masks, silhouette = tools["robot"]["masks"](i, p.shape[1:3], t)
+        scores = robot_region_scores(p, r, masks, silhouette, o.token_px)
         tools["robot"]["results"].append(scores)
         pooled = pool_robot_region([scores])
         row.update({f"robot_{k}": pooled[k] for k in ("psnr", "ssim", "sharpness", "seam")})

@@ -28,7 +28,6 @@ from comsim.metrics import frame as fm
 
 TOKEN_PX = 16  # the translator's patch in pixels (tiny_lab: 16x16 pixel patches)
 EDGE_BAND_PX = 2  # an outline pixel's peak gradient is searched within +-2 px: a sharp arm 1 px off is not blur
-NEAR_ROBOT_PX = TOKEN_PX // 2  # seam score near the robot: grid crossings within half a token of its mask
 STILL_BELOW_PX = 0.25  # outline motion per frame, in px at 128 px frame width: below it a frame is still
 MOTION_REF_WIDTH = 128
 LABEL_DILATE_PX = 2  # the twin's robot label grown by 2 px (at 128 px width) where no true mask exists
@@ -179,19 +178,20 @@ def seam_score(sums: np.ndarray) -> float:
     return float((s[0] / s[1]) / (s[2] / s[3]))
 
 
-def robot_region_scores(pred: np.ndarray, ref: np.ndarray, masks: np.ndarray, motion_masks: np.ndarray | None = None,
+def robot_region_scores(pred: np.ndarray, ref: np.ndarray, masks: np.ndarray, silhouette: np.ndarray | None = None,
                         token_px: int = TOKEN_PX, still_below: float = STILL_BELOW_PX,
                         band: int = EDGE_BAND_PX) -> dict:
     """Per-frame robot-region values of ``pred`` against ``ref`` in ``masks`` (bool (T, H, W): where the real
-    robot is). ``motion_masks``: the masks whose outline motion splits still from moving frames (default:
-    ``masks``; pass the undilated ones when ``masks`` are grown). JSON-able lists, pooled by
+    robot is; PSNR, SSIM and the near-robot seam score use it). ``silhouette``: the robot's own mask, whose
+    outline is where the sharpness is measured and whose motion splits still from moving frames (default:
+    ``masks``; pass the label itself when ``masks`` is a dilated label). JSON-able lists, pooled by
     ``pool_robot_region``; the ref's own seam sums ride along so each prediction carries its reference."""
     masks = _check_masks(masks, pred, "robot region")
-    moving = moving_frames(masks if motion_masks is None else resize_masks(motion_masks, masks.shape[1:]),
-                           still_below)
+    robot = masks if silhouette is None else _check_masks(silhouette, pred, "robot region silhouette")
+    moving = moving_frames(robot, still_below)
     near = dilate(masks, token_px // 2)
-    pe, n_edge = edge_peaks(pred, masks, band)
-    re, _ = edge_peaks(ref, masks, band)
+    pe, n_edge = edge_peaks(pred, robot, band)
+    re, _ = edge_peaks(ref, robot, band)
     return {"moving": moving.tolist(), "psnr": region_psnr(pred, ref, masks).tolist(),
             "ssim": region_ssim(pred, ref, masks).tolist(), "edge_pred": pe.tolist(), "edge_ref": re.tolist(),
             "edge_px": n_edge.tolist(), "seam": seam_sums(pred, token_px).tolist(),

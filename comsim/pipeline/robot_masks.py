@@ -35,7 +35,7 @@ def recording_of(dataset: Path, named: str | None) -> Path | None:
 
 
 class RobotMasks:
-    """``masks(i, size, n)`` -> (scoring masks, motion masks), bool (n, h, w), for episode ``i`` (its first ``n``
+    """``masks(i, size, n)`` -> (scoring masks, silhouettes), bool (n, h, w), for episode ``i`` (its first ``n``
     frames) of the dataset ``dataset``, at ``size`` (h, w). ``real``: the recording (default: the one the
     episodes' provenance names); its truth is used when it is a lab recording (``has_truth``). ``truth_only``: do
     not refuse a dataset without labels (the caller asks ``has_truth`` first)."""

@@ -297,6 +297,7 @@ def heldout_robot_region(run: RunLayout, cam: str, res: tuple[int, int], heldout
     moving frames; edge sharpness against the real frames; the seam score on the ``token``-px grid) of the
     translator and each baseline on the held-out episodes, and of the real frames themselves (the ceiling row:
     infinite PSNR, sharpness 1 by construction, their own seam score). Masks: comsim.pipeline.robot_masks."""
+    from comsim.metrics.evaluate import to_json_safe
     from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
     from comsim.pipeline.robot_masks import RobotMasks
 
@@ -308,13 +309,13 @@ def heldout_robot_region(run: RunLayout, cam: str, res: tuple[int, int], heldout
     with RobotMasks(run.paired, cam) as masks:
         for j, i in enumerate(heldout):
             ref = real.read_episode(j, cameras=[cam]).frames[cam]
-            region, motion = masks(i, res, len(ref))
+            region, robot = masks(i, res, len(ref))
             for name, p in preds.items():
                 scores[name].append(robot_region_scores(p.read_episode(j, cameras=[cam]).frames[cam], ref, region,
-                                                        motion, token))
-            scores["real"].append(robot_region_scores(ref, ref, region, motion, token))
+                                                        robot, token))
+            scores["real"].append(robot_region_scores(ref, ref, region, robot, token))
         source = masks.source
-    out = {name: pool_robot_region(v) for name, v in scores.items()}
+    out = {name: to_json_safe(pool_robot_region(v)) for name, v in scores.items()}  # the real row's PSNR: "inf"
     out["mask_source"] = source
     return out
 

@@ -256,8 +256,8 @@ def _robot_region(rep: Report, doc) -> None:
     if not isinstance(doc, dict) or not doc:
         rep.absent("robot region not computed: metrics.json has no robot_region (comsim.metrics.robot_region)")
         return
-    def cell(v):  # the real frames against themselves: infinite PSNR, said so
-        return "inf (identical)" if isinstance(v, float) and v == math.inf else v
+    def cell(v):  # the real frames against themselves: infinite PSNR ("inf" in metrics.json), said so
+        return "inf (identical)" if v == "inf" or (isinstance(v, float) and v == math.inf) else v
 
     rows = []
     for name, r in doc.items():
