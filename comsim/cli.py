@@ -162,7 +162,9 @@ def _true_robot_masks(a):
 
     if not dataset_complete(a.ref):
         return None
-    masks = RobotMasks(a.ref, open_video_source(a.ref, a.camera).camera, truth_only=True)
+    masks = RobotMasks(a.ref, open_video_source(a.ref, a.camera).camera, real=a.recording, truth_only=True)
+    if a.recording and not masks.has_truth:
+        raise ValueError(f"--recording {a.recording}: no lab_truth.json there (not a lab recording)")
     return masks if masks.has_truth else None
 
 
@@ -319,6 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--robot-masks", choices=["auto", "labels"], default="auto",
                    help="robot region: auto = the lab's true robot masks when --ref replays a lab recording, else "
                         "the twin's robot label (<cam>_sim_seg) dilated 2 px; labels = always the label")
+    v.add_argument("--recording", default=None, help="the lab recording --ref replays (default: the one its "
+                   "episodes' provenance names); its truth gives the robot masks")
     v.add_argument("--token-px", type=int, default=16, help="the seam score's grid: the translator's token in px")
     v.add_argument("--fid-frame-stride", type=int, default=1, help="use every k-th frame for FID")
     v.add_argument("--fvd-clips-per-episode", type=int, default=None, help="1 = StyleGAN-V's protocol")

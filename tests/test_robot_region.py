@@ -215,3 +215,16 @@ def test_lab_truth_masks_for_a_twin_replay(tmp_path, monkeypatch):
     twin = robot_masks_from_labels(ep.frames["front_sim_seg"])
     assert mask_iou(twin, true).mean() > 0.8  # the true camera: the twin's silhouette lies on the truth
     assert rr.moving_frames(true).any() and not rr.moving_frames(true).all()
+    # `comsim eval video` takes the same truth for --ref (the twin's render scored as the prediction)
+    import json
+
+    from comsim.cli import main
+    write_dataset(tmp_path / "twin", [Episode(frames={"front": ep.frames["front_sim"]}, action=ep.action,
+                                              state=ep.state, fps=ep.fps, task=ep.task)], fps=10)
+    assert main(["eval", "video", "--pred", str(tmp_path / "twin"), "--ref", str(tmp_path / "run" / "paired"),
+                 "--camera", "front", "--metrics", "robot", "--out", str(tmp_path / "eval.json")]) == 0
+    r = json.loads((tmp_path / "eval.json").read_text())["metrics"]["robot_region"]
+    assert r["mask_source"].startswith("lab truth") and r["frames_with_robot"] == len(ep)
+    assert 0 < r["sharpness"] and 10 < r["psnr"] < 40 and r["seam_real"] > 0
+    assert main(["eval", "video", "--pred", str(tmp_path / "twin"), "--ref", str(tmp_path / "run" / "paired"),
+                 "--camera", "front", "--metrics", "robot", "--recording", str(tmp_path / "twin")]) != 0
