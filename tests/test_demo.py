@@ -110,6 +110,10 @@ def test_the_whole_loop_on_the_second_cell_from_another_folder(tmp_path, monkeyp
     crops = metrics["object_crops"]
     assert {"translator", "raw_sim", "global_color", "compositor"} <= set(crops) and crops["compositor"]["crops"] > 0
     assert (run.baselines / "compositor" / "baseline.safetensors").is_file()
+    region = metrics["robot_region"]  # the robot region of each, on the lab's true robot masks
+    assert region["mask_source"].startswith("lab truth") and region["real"]["sharpness"] == 1.0
+    assert all(region[k]["frames_with_robot"] == region["real"]["frames_with_robot"] > 0
+               for k in ("translator", "raw_sim", "global_color", "compositor"))
     assert "compositor" in report.read_text()
     assert json.loads(run.policy_results.read_text())["arms"]
     from comsim.pipeline.demo import demo_summary

@@ -85,7 +85,9 @@ def test_comsim_run_on_a_recording_handed_over_as_if_real(tmp_path, monkeypatch)
     stages = json.loads(run.stages.read_text())
     assert stages["failures"] == {} and POLICY in stages["left_out"] and "no robot" in stages["left_out"][POLICY]
     assert "camera_position_error_m" not in json.loads(run.twin_summary.read_text())["summary"]  # no truth read
-    assert len(LeRobotDataset(run.pseudo_real)) == 2 and json.loads(run.metrics.read_text())["pseudo_real_vs_real"]
+    metrics = json.loads(run.metrics.read_text())
+    assert len(LeRobotDataset(run.pseudo_real)) == 2 and metrics["pseudo_real_vs_real"]
+    assert metrics["robot_region"]["mask_source"].startswith("twin label")  # no truth: the twin's robot label
     mixed = LeRobotDataset(run.mixed)
     sources = [mixed.episode_info(i)["provenance"].source for i in range(len(mixed))]
     assert sources[:3] == ["lab"] * 3 and set(sources[3:]) == {"pseudo_real"} and len(sources) > 3

@@ -182,6 +182,19 @@ def _policy(run: Path) -> None:
                   "checks": [], "rule": "lower end above upper end"}, "rows": rows})
 
 
+def _robot_region() -> dict:
+    """metrics.json's robot_region as the video-metrics stage writes it: a blurred arm and the real frames."""
+    from comsim.metrics.evaluate import to_json_safe
+    from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
+
+    real = _frames(3, MAGENTA)
+    mask = np.all(real == MAGENTA, axis=-1)
+    blurred = np.clip(real.astype(int) // 2 + 40, 0, 255).astype(np.uint8)
+    return {"translator": to_json_safe(pool_robot_region([robot_region_scores(blurred, real, mask)])),
+            "real": to_json_safe(pool_robot_region([robot_region_scores(real, real, mask)])),
+            "mask_source": "lab truth (x/lab)"}
+
+
 def _run_dir(root: Path) -> Path:
     run = root / "run"
     held = run / "heldout_pseudo_real"
@@ -205,6 +218,7 @@ def _run_dir(root: Path) -> Path:
                                                               "object_error_px_median_of_episodes": 1.88,
                                                               "objects": {"2": {"frames": 700, "within": 0.61},
                                                                           "3": {"frames": 686, "within": 0.475}}}}
+    metrics["robot_region"] = _robot_region()
     _write_json(run / "metrics.json", metrics)
     (run / "paired" / "twin_aligned.yaml").write_text("objects:\n- {name: red_cube}\n- {name: blue_cube}\n")
     _policy(run)
@@ -236,6 +250,11 @@ def test_report_page_from_a_run_dir(report):
     assert "not available" in page  # the factory episode has no real counterpart
     assert "<td>factory_pseudo_real_ood</td>" in page and "<td>54%</td>" in page  # object fidelity table
     assert "<th>red_cube within 2 px</th>" in page and "<td>61%</td>" in page and "<td>48%</td>" in page
+    region = page[page.index("the robot region on the held-out frames"):]
+    region = region[:region.index("</table>")]
+    for text in ("lab truth (x/lab)", "<th>PSNR still</th>", "<th>sharpness</th>", "<th>seam near robot</th>",
+                 "<td>inf (identical)</td>", "<td>translator</td>"):
+        assert text in region, text
     for text in ("Failed or skipped stages", "IK failed", "pseudo_real_vs_real", "24.5", "n/a: no I3D",
                  "30% [11, 60] (3/10)", "40% [17, 69] (4/10)", "does not hold", "<svg"):
         assert text in page, text

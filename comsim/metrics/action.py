@@ -25,7 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import ndimage
 
-from comsim.io.labels import ROBOT_LABEL, rgb_to_seg
+from comsim.io.labels import ROBOT_LABEL
+from comsim.metrics.robot_region import robot_masks_from_labels  # noqa: F401 (its users import it here)
 
 
 @dataclass
@@ -111,19 +112,6 @@ def action_consistency(pred_frames: np.ndarray, sim_masks: np.ndarray, model: Ro
                              "(reference frames and their twin robot masks)")
         model = RobotColourModel().fit(fit_frames, fit_masks)
     return float(mask_iou(model.predict(pred_frames), sim_masks).mean())
-
-
-def robot_masks_from_labels(seg_frames: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
-    """The twin's robot masks, bool (T, H, W), from its label video (``<cam>_sim_seg``: palette
-    colours after lossy coding, uint8 (T, H, W, 3)). At another ``size`` (h, w) a pixel is robot
-    where the robot covers at least half of it."""
-    robot = rgb_to_seg(np.asarray(seg_frames)) == ROBOT_LABEL
-    if size is None or robot.shape[1:] == tuple(size):
-        return robot
-    from comsim.episode import resize_frames
-
-    cover = resize_frames(np.repeat(robot[..., None].astype(np.uint8) * 255, 3, -1), size)[..., 0]
-    return cover >= 128
 
 
 def render_robot_masks(scene, joints: np.ndarray, camera: str, width: int, height: int,

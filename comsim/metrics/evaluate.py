@@ -10,7 +10,7 @@ sizes.
 Each metric is computed independently: one whose weights or inputs are missing is
 reported as ``null`` with the reason under ``unavailable`` and the others still run.
 Protocols: see ``frame.py`` (PSNR, SSIM, LPIPS), ``frechet.py`` (FID, FVD), ``clip.py``,
-``action.py`` (action consistency).
+``action.py`` (action consistency), ``robot_region.py`` (the robot region, edge sharpness, the seam score).
 """
 from __future__ import annotations
 
@@ -24,15 +24,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from comsim.errors import InputError
-from comsim.io.keys import seen_cameras
+from comsim.io.keys import seen_cameras, seg_key
 from comsim.io.lerobot import dataset_complete
 from comsim.metrics import frame as fm
 from comsim.metrics.action import RobotColourModel, mask_iou, render_robot_masks
 from comsim.metrics.frechet import (I3D_CLIP_FRAMES, I3DFeatures, InceptionFeatures, MetricUnavailable, fid, fvd,
                                     video_clips)
+from comsim.metrics.robot_region import LABEL_DILATE_PX, label_robot_masks, pool_robot_region, robot_region_scores
 
-METRICS = ("psnr", "ssim", "lpips", "fid", "fvd", "clip", "action")
-_KEYS = {"clip": ("clip_score", "clip_similarity"), "action": ("action_consistency",)}
+METRICS = ("psnr", "ssim", "lpips", "fid", "fvd", "clip", "action", "robot")
+_KEYS = {"clip": ("clip_score", "clip_similarity"), "action": ("action_consistency",), "robot": ("robot_region",)}
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 
@@ -60,6 +61,13 @@ class VideoSource(ABC):
 
     def task(self, i: int) -> str:
         return ""
+
+    def has_labels(self) -> bool:
+        return False
+
+    def labels(self, i: int) -> np.ndarray:
+        """The twin's label video (``<cam>_sim_seg``) of episode ``i``, where ``has_labels``."""
+        raise NotImplementedError(f"{self.path}: a {self.kind} source has no label video")
 
 
 class LeRobotSource(VideoSource):
@@ -92,6 +100,12 @@ class LeRobotSource(VideoSource):
     def task(self, i):
         tasks = self.ds.episode_info(i)["tasks"]
         return tasks[0] if tasks else ""
+
+    def has_labels(self):
+        return seg_key(self.camera) in self.ds.camera_keys
+
+    def labels(self, i):
+        return self.ds.read_episode(i, cameras=[seg_key(self.camera)]).frames[seg_key(self.camera)]
 
 
 class Mp4FolderSource(VideoSource):
@@ -187,6 +201,11 @@ class EvalOptions:
     twin: str | None = None  # twin scene YAML: action consistency renders its robot masks
     twin_camera: str | None = None  # camera of the twin scene (default: the dataset camera)
     joints: str = "state"  # which joint vectors drive the twin masks: state | action
+    # the robot region: a callable (episode, (h, w), n frames) -> (scoring masks, silhouettes), bool (n, h, w),
+    # e.g. comsim.pipeline.robot_masks.RobotMasks (the lab's truth); None: the twin's labels of ref (else pred)
+    robot_masks: object | None = None
+    robot_mask_source: str | None = None  # what robot_masks are, for the report
+    token_px: int = 16  # the seam score's grid (the translator's token in pixels)
     fid_frame_stride: int = 1
     fvd_clips_per_episode: int | None = None
     max_episodes: int | None = None
@@ -290,6 +309,21 @@ def _load_tools(o: EvalOptions, want: set, unavailable: dict, ps: VideoSource, r
             from comsim.sim.scene import Scene
 
             tools["action"] = {"scene": Scene(o.twin), "model": RobotColourModel(), "pred_masks": []}
+    if "robot" in want:
+        if o.robot_masks is not None:
+            tools["robot"] = {"masks": o.robot_masks, "source": o.robot_mask_source or "given by the caller"}
+        else:
+            side = next((s for s in (rs, ps) if s.has_labels()), None)
+            if side is None:
+                unavailable["robot"] = f"no robot masks: needs a LeRobot dataset with the twin's labels " \
+                                       f"(<cam>_sim_seg) on one side (pred is {ps.kind}, ref is {rs.kind})"
+                want.discard("robot")
+            else:
+                tools["robot"] = {"masks": lambda i, size, n: label_robot_masks(side.labels(i)[:n], size),
+                                  "source": f"{'ref' if side is rs else 'pred'} twin label 1 dilated "
+                                            f"{LABEL_DILATE_PX} px at 128 px width"}
+        if "robot" in tools:
+            tools["robot"]["results"] = []
     return tools
 
 
@@ -300,10 +334,10 @@ def _evaluate_episode(i, ps, rs, o, want, tools, acc, notes):
         notes.append(f"episode {i}: pred has {len(p)} frames and ref {len(r)}: the first {t} are paired")
     p, r = p[:t], r[:t]
     row: dict = {"episode": i, "frames": t}
-    paired = want & {"psnr", "ssim", "lpips"}
+    paired = want & {"psnr", "ssim", "lpips", "robot"}
     if paired and p.shape != r.shape:
         raise ValueError(f"episode {i}: pred frames are {p.shape[1]}x{p.shape[2]} and ref frames "
-                         f"{r.shape[1]}x{r.shape[2]}; PSNR/SSIM/LPIPS need equal sizes (or leave them out "
+                         f"{r.shape[1]}x{r.shape[2]}; PSNR/SSIM/LPIPS/robot need equal sizes (or leave them out "
                          "with --metrics)")
     for name, fn in (("psnr", fm.psnr), ("ssim", fm.ssim)):
         if name in want:
@@ -340,6 +374,12 @@ def _evaluate_episode(i, ps, rs, o, want, tools, acc, notes):
         a["model"].update(r, ref_masks)
         a.setdefault("ref", []).append((i, ref_masks))
         a["pred_masks"].append(render_robot_masks(a["scene"], ps.joints(i, o.joints)[:t], cam, w, h, gripper))
+    if "robot" in want:
+        masks, silhouette = tools["robot"]["masks"](i, p.shape[1:3], t)
+        scores = robot_region_scores(p, r, masks, silhouette, o.token_px)
+        tools["robot"]["results"].append(scores)
+        pooled = pool_robot_region([scores])
+        row.update({f"robot_{k}": pooled[k] for k in ("psnr", "ssim", "sharpness", "seam")})
     acc.per_episode.append(row)
 
 
@@ -378,6 +418,9 @@ def _summarize(o, want, tools, acc, unavailable, ps, rs, n) -> dict:
             ref_ious.append(ref_iou)
         metrics["action_consistency"] = _mean(np.concatenate(ious))
         metrics["action_reference_iou"] = _mean(np.concatenate(ref_ious))
+    if "robot" in want:
+        metrics["robot_region"] = {**pool_robot_region(tools["robot"]["results"]),
+                                   "mask_source": tools["robot"]["source"]}
     return metrics
 
 
@@ -400,6 +443,9 @@ def _protocol(o: EvalOptions, tools: dict) -> dict:
     if "action" in tools:
         out["action"] = {"twin": o.twin, "joints": o.joints, "estimator": "RGB colour histogram classifier fit "
                          "on ref frames with the twin's robot masks; score = mean IoU with the twin masks of pred"}
+    if "robot" in tools:
+        out["robot"] = {"masks": tools["robot"]["source"], "token_px": o.token_px,
+                        "definitions": "docs/metrics.md#robot-region (comsim.metrics.robot_region)"}
     return out
 
 

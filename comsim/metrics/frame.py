@@ -32,7 +32,7 @@ SSIM_K1, SSIM_K2 = 0.01, 0.03
 DATA_RANGE = 255.0
 
 
-def _pair(pred: np.ndarray, ref: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
+def check_pair(pred: np.ndarray, ref: np.ndarray, where: str) -> tuple[np.ndarray, np.ndarray]:
     pred, ref = np.asarray(pred), np.asarray(ref)
     for name, x in (("pred", pred), ("ref", ref)):
         if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
@@ -44,7 +44,7 @@ def _pair(pred: np.ndarray, ref: np.ndarray, where: str) -> tuple[np.ndarray, np
 
 def psnr(pred: np.ndarray, ref: np.ndarray) -> np.ndarray:
     """Per-frame PSNR in dB (inf where the frames are identical)."""
-    pred, ref = _pair(pred, ref, "psnr")
+    pred, ref = check_pair(pred, ref, "psnr")
     mse = ((pred.astype(np.float64) - ref.astype(np.float64)) ** 2).reshape(len(pred), -1).mean(axis=1)
     with np.errstate(divide="ignore"):
         return 10 * np.log10(DATA_RANGE**2 / mse)
@@ -64,9 +64,10 @@ def gaussian_window(sigma: float = SSIM_SIGMA, truncate: float = SSIM_TRUNCATE) 
     return w / w.sum()
 
 
-def ssim(pred: np.ndarray, ref: np.ndarray, batch: int = 16) -> np.ndarray:
-    """Per-frame SSIM (see the module doc), computed in float64."""
-    pred, ref = _pair(pred, ref, "ssim")
+def ssim_map(pred: np.ndarray, ref: np.ndarray, batch: int = 16) -> np.ndarray:
+    """Per-pixel SSIM (see the module doc) averaged over the RGB channels, float64 (T, H - 10, W - 10): the
+    window positions that lie fully inside the image, entry (i, j) centred on pixel (i + 5, j + 5)."""
+    pred, ref = check_pair(pred, ref, "ssim")
     g = torch.from_numpy(gaussian_window())
     k = g.numel()
     if min(pred.shape[1:3]) < k:
@@ -85,8 +86,13 @@ def ssim(pred: np.ndarray, ref: np.ndarray, batch: int = 16) -> np.ndarray:
         mx, my = blur(x), blur(y)
         vx, vy, cxy = blur(x * x) - mx * mx, blur(y * y) - my * my, blur(x * y) - mx * my
         s = ((2 * mx * my + c1) * (2 * cxy + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
-        out.append(s.reshape(-1, 3, s.shape[-2] * s.shape[-1]).mean(dim=(1, 2)))
+        out.append(s.reshape(-1, 3, *s.shape[-2:]).mean(dim=1))
     return torch.cat(out).numpy()
+
+
+def ssim(pred: np.ndarray, ref: np.ndarray, batch: int = 16) -> np.ndarray:
+    """Per-frame SSIM (see the module doc), computed in float64: the mean of ``ssim_map``."""
+    return ssim_map(pred, ref, batch).mean(axis=(1, 2))
 
 
 # ----------------------------------------------------------------------------- LPIPS
@@ -141,7 +147,7 @@ def load_lpips(net: str = "alex", allow_download: bool = False, device: str | to
 @torch.inference_mode()
 def lpips_distance(pred: np.ndarray, ref: np.ndarray, model, batch: int = 16) -> np.ndarray:
     """Per-frame LPIPS distance with an ``lpips.LPIPS`` model (frames mapped to [-1, 1])."""
-    pred, ref = _pair(pred, ref, "lpips")
+    pred, ref = check_pair(pred, ref, "lpips")
     device = next(model.parameters()).device
     out = []
     for i in range(0, len(pred), batch):

@@ -6,7 +6,8 @@
     generate_sim      factory episodes in the aligned twin (scripted programs)
     generate_demo_derived   episodes from the real demos' own segments, moved to new layouts (MimicGen-style)
     convert_sim       sim -> pseudo-real with a translator
-    video_metrics     held-out pairs translated and scored (beside the raw twin), object fidelity
+    video_metrics     held-out pairs translated and scored (beside the raw twin and the baselines): frame
+                      metrics, object crops, the robot region, object fidelity
     mix_datasets      real + pseudo-real at a chosen synthetic fraction, one LeRobot dataset
 
 ``comsim run`` (pipeline/run.py), ``comsim demo`` (pipeline/demo.py) and the policy experiment's
@@ -208,6 +209,7 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
             result[f"{kind}_vs_real"] = evaluate_video(run.heldout_part(kind), real_dir, **opts)
         result["object_crops"] = heldout_crop_scores(run, ds, cam, (H, W), heldout,
                                                      bases["compositor"].fit_info["object_labels"])
+        result["robot_region"] = heldout_robot_region(run, cam, (H, W), heldout, token_px(pipe))
         result["baselines"] = {"fit": bases["compositor"].fit_info, "saved": str(run.baselines),
                                "translator_margin_db_over_compositor": round(
                                    result["pseudo_real_vs_real"]["metrics"]["psnr"]
@@ -281,6 +283,40 @@ def heldout_crop_scores(run: RunLayout, ds, cam: str, res: tuple[int, int], held
     out["objects"] = list(objects)
     if note:
         out["lpips_unavailable"] = note
+    return out
+
+
+def token_px(pipe) -> int:
+    """The translator's token in pixels: its patch (height, width) times its codec's spatial factor."""
+    return int(pipe.transformer.config["patch_size"][-1]) * int(pipe.codec.spatial_factor)
+
+
+def heldout_robot_region(run: RunLayout, cam: str, res: tuple[int, int], heldout: list[int],
+                         token: int = 16) -> dict:
+    """The robot-region scores (comsim.metrics.robot_region: PSNR/SSIM inside the real robot mask, still and
+    moving frames; edge sharpness against the real frames; the seam score on the ``token``-px grid) of the
+    translator and each baseline on the held-out episodes, and of the real frames themselves (the ceiling row:
+    infinite PSNR, sharpness 1 by construction, their own seam score). Masks: comsim.pipeline.robot_masks."""
+    from comsim.metrics.evaluate import to_json_safe
+    from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
+    from comsim.pipeline.robot_masks import RobotMasks
+
+    real = LeRobotDataset(run.heldout_part("real"))
+    parts = {"translator": "pseudo", "raw_sim": "sim_only", "global_color": "global_color",
+             "compositor": "compositor"}
+    preds = {name: LeRobotDataset(run.heldout_part(part)) for name, part in parts.items()}
+    scores = {name: [] for name in (*parts, "real")}
+    with RobotMasks(run.paired, cam) as masks:
+        for j, i in enumerate(heldout):
+            ref = real.read_episode(j, cameras=[cam]).frames[cam]
+            region, robot = masks(i, res, len(ref))
+            for name, p in preds.items():
+                scores[name].append(robot_region_scores(p.read_episode(j, cameras=[cam]).frames[cam], ref, region,
+                                                        robot, token))
+            scores["real"].append(robot_region_scores(ref, ref, region, robot, token))
+        source = masks.source
+    out = {name: to_json_safe(pool_robot_region(v)) for name, v in scores.items()}  # the real row's PSNR: "inf"
+    out["mask_source"] = source
     return out
 
 

@@ -232,6 +232,7 @@ def _metrics(rep: Report, run: Path) -> None:
     if isinstance(margin, (int, float)):
         rep.text(f"The translator's margin over the no-network compositor: {margin:+.2f} dB PSNR.")
     _object_crops(rep, doc.get("object_crops"))
+    _robot_region(rep, doc.get("robot_region"))
     charts = [bar_chart_svg({k: v}, title=k.upper(), vmax=1.0 if k == "ssim" else None)
               for k, v in values.items() if any(math.isfinite(x) for x in v.values())]
     if charts:
@@ -248,6 +249,34 @@ def _object_crops(rep: Report, doc) -> None:
     note = f" LPIPS unavailable: {doc['lpips_unavailable']}" if doc.get("lpips_unavailable") else ""
     rep.table(rows, caption="object appearance: 16x16 crops around each twin object's label centroid on the held-out "
                             "frames, against the real crops (PSNR higher, LPIPS lower is better)." + note)
+
+
+def _robot_region(rep: Report, doc) -> None:
+    """comsim.metrics.robot_region per prediction: does it draw the robot, or hedge it? (docs/metrics.md)"""
+    if not isinstance(doc, dict) or not doc:
+        rep.absent("robot region not computed: metrics.json has no robot_region (comsim.metrics.robot_region)")
+        return
+    def cell(v):  # the real frames against themselves: infinite PSNR ("inf" in metrics.json), said so
+        return "inf (identical)" if v == "inf" or (isinstance(v, float) and v == math.inf) else v
+
+    rows = []
+    for name, r in doc.items():
+        if not isinstance(r, dict) or "psnr" not in r:
+            continue
+        rows.append({"prediction": name, "frames still / moving": f"{r.get('frames_still')} / {r.get('frames_moving')}",
+                     **{f"{m} {split}": cell(r.get(f"{key}_{split}")) for m, key in (("PSNR", "psnr"), ("SSIM", "ssim"))
+                        for split in ("still", "moving")},
+                     "sharpness": r.get("sharpness"), "seam": r.get("seam"), "seam near robot": r.get("seam_near_robot")})
+    proto = next((r.get("protocol") for r in doc.values() if isinstance(r, dict) and r.get("protocol")), {}) or {}
+    rep.table(rows, caption="the robot region on the held-out frames: PSNR (dB) and SSIM inside the real robot mask "
+                            f"({doc.get('mask_source', 'mask source not recorded')}), still and moving frames (the "
+                            f"mask's outline moves less / more than {proto.get('still_below_px_at_128', '?')} px per "
+                            "frame at 128 px); sharpness: the peak luma gradient within "
+                            f"+-{proto.get('edge_band_px', '?')} px of the real robot's outline over the real "
+                            "frames' (1 = as sharp; a blurred, doubled or see-through arm scores lower); seam: mean "
+                            f"|luma step| across the {proto.get('token_px', '?')}-px token grid's lines over the same "
+                            "half a token further on (the real row: the real frames' own). PSNR rewards a soft, "
+                            "doubled arm: read it beside the sharpness.")
 
 
 def _object_names(run: Path) -> dict[int, str]:
