@@ -22,12 +22,13 @@ from comsim.metrics.robot_region import LABEL_DILATE_PX, label_robot_masks, resi
 
 
 def recording_of(dataset: Path, named: str | None) -> Path | None:
-    """The recording a twin replay names (its provenance's ``real_dataset``): as written (absolute, or relative to
-    the working directory), else relative to a folder above ``dataset`` (the run's own working directory)."""
+    """The recording a twin replay names (its provenance's ``real_dataset``): as written when absolute; a relative
+    name first relative to a folder above ``dataset`` (the run's own working directory: a run folder's ``paired``
+    finds its own ``lab``), then to the working directory."""
     if not named:
         return None
     p = Path(named)
-    for base in (Path.cwd(), *Path(dataset).resolve().parents):
+    for base in (*Path(dataset).resolve().parents, Path.cwd()):
         q = p if p.is_absolute() else base / p
         if q.is_dir():
             return q

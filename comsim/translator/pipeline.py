@@ -60,6 +60,8 @@ def own_sampling(saved: dict | SamplingParams | None) -> SamplingParams:
 
 
 class TranslatorPipeline:
+    final_step_to_x0 = True  # a clean-frame model's last Euler step lands on its prediction (see _timesteps)
+
     def __init__(self, transformer: CompositionalVideoDiT, codec, scheduler: FlowMatchEulerDiscreteScheduler,
                  normalizer: ActionNormalizer, camera: str = "front", num_frames: int = 8,
                  resolution: tuple[int, int] = (32, 32), controls: tuple[str, ...] = (), fps: float = 10.0,
@@ -68,7 +70,6 @@ class TranslatorPipeline:
         self.camera, self.num_frames, self.resolution = camera, int(num_frames), tuple(resolution)
         self.controls, self.fps, self.provenance = tuple(controls), fps, dict(provenance or {})
         self.sampling = own_sampling(sampling)
-        self.final_step_to_x0 = True
         self._check_consistency()
 
     # -- consistency -----------------------------------------------------------------------
