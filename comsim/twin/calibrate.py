@@ -17,6 +17,11 @@ Given K, joint angles and robot masks for a few frames (``frames.py`` loads them
    pose), and, separately labelled, the mean IoU under the best one-to-one
    re-association of images and joint vectors (Hungarian).
 
+With a robot-free still instead of masks (``calibrate_with_background``), a calibration whose trusted stills
+still disagree with the silhouettes (``SHARPEN_BELOW_IOU``) gets a sharper stage (``sharpen``: the links'
+shaded rim the derived masks lost, and a mask offset). Every result carries its residual for the twin's
+position uncertainty (``fit_residual``).
+
 ``calibrate_folder`` writes ``calibration.json`` and overlays (each frame with the
 rendered silhouette's outline) when the fit converged; otherwise it writes
 ``calibration_rejected.json`` with the best pose and IoU it found and says so.

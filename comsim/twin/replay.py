@@ -8,10 +8,11 @@
    writes them), else from the dataset's own frames (``align.py``),
    and the colours (``colors.py``). The published lens distortion, if any, is read from
    the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
-   Every episode's objects are localized in its first frames (``localize.py``) and the twin
-   checks itself (``selfcheck.py``: the calibration's IoU per frame, how far each episode's
-   camera moved from the stills, each object's silhouette against what the first frames show
-   there). A twin that fails is refused by name before any episode is written, or, with
+   Every episode's camera motion since the stills is measured on its frames (``camera_motion.py``),
+   its objects are localized in its first frames (``localize.py``) with a position uncertainty each
+   (``uncertainty.py``), and the twin checks itself (``selfcheck.py``: the calibration's IoU per
+   frame, how far each episode's camera moved from the stills, each object's silhouette against
+   what the first frames show there, each object's 95% position bound). A twin that fails is refused by name before any episode is written, or, with
    ``on_unreliable="mark"``, replayed with the episodes concerned marked ``twin_unreliable``.
 2. Per episode, from the objects found in its first frames:
    - ``kinematic``: the robot is set to the recorded joint positions frame by frame;
@@ -23,7 +24,9 @@
      a push: each object the replay touches gets the initial pose (yaw, offset across the
      arm's approach) whose physics replay best explains the whole real video (``track.py``;
      ``refine=False``: the first-frame estimate).
-   The twin is rendered through the real camera (its size and distortion).
+   The twin is rendered through the real camera (its size and distortion), frame by frame where
+   the episode's camera moved since the stills (a camera that did not gets the same pairs as
+   without that step).
 3. Each output episode holds ``observation.images.<cam>`` (the real video),
    ``observation.images.<cam>_sim`` (the twin), optionally ``<cam>_sim_seg`` (palette
    labels) and ``<cam>_sim_depth`` (1 grey level per cm), the real actions and states, the
