@@ -180,7 +180,7 @@ def run_variant(out: Path, cell_path: str, overrides: list[str], a, baselines: b
     lab = record_dataset(a.task, a.episodes, out / "lab", seed=a.seed, cell=cell, calibration_stills=a.stills)
     t1 = time.perf_counter()
     paired = out / "paired"
-    replay_dataset(lab, config_file(a.twin), paired, mode="physics", workers=a.workers,
+    replay_dataset(lab, config_file(a.twin), paired, mode="physics", workers=a.workers, on_unreliable="mark",
                    log=lambda s: print(s, flush=True))
     t2 = time.perf_counter()
     res = {"overrides": overrides, "raw_twin": raw_scores(paired, cell.camera), **alignment_summary(lab, paired),

@@ -78,11 +78,26 @@ def test_camera_check_names_the_frames_under_the_threshold():
     assert camera_check({"source": "calibration.json"})["reliable"] is None  # a given calibration without IoUs
     check = check_alignment({"per_frame_iou": {"000": 0.75, "001": 0.72, "002": 0.88}},
                             {0: {"cube": {"silhouette_iou": 0.1, "visible": 1.0, "own_colour": 0.5,
-                                          "other_colour": 0.0, "other_object": None}}}, {0: [2.6, 0.4, 0.7]})
+                                          "other_colour": 0.0, "other_object": None}}},
+                            {0: {"moved": True, "offset_px": [2.6, 0.4], "drift_px": 0.1, "residual_px": 0.05,
+                                 "offset_sd_px": 0.02}})
     msg = unreliable_message(check, "OUT/twin_alignment.json")
     for text in ("the camera: calibration IoU under 0.8 in 2 of 3 frames", "the camera in episode 0: the camera moved "
                  "by 2.6 px", "cube in episode 0: silhouette IoU 0.10", f"(threshold {OBJECT_IOU_MIN})"):
         assert text in msg, msg
+
+
+def test_an_object_whose_bound_crosses_2cm_is_named_and_one_well_inside_is_not():
+    """The position uncertainty decides by itself: the same residual, once with a 95% bound of 2.6 cm (named,
+    with the bound and its parts) and once with 0.9 cm (trusted)."""
+    base = {"silhouette_iou": 0.7, "visible": 1.0, "own_colour": 0.5, "other_colour": 0.0, "other_object": None}
+    unc = {"m_per_px": 0.018, "parts_px": {"camera": 0.1, "fit": 0.1, "floor": 0.4, "motion": 0.05}}
+    check = check_alignment({}, {0: {"far": {**base, "uncertainty": {**unc, "bound_95_m": 0.026}},
+                                     "near": {**base, "uncertainty": {**unc, "bound_95_m": 0.009}}}})
+    assert [u["object"] for u in check["unreliable_objects"]] == ["far"], check["unreliable_objects"]
+    msg = unreliable_message(check, "OUT/twin_alignment.json")
+    assert "far in episode 0: its position is only known to 2.6 cm (95% bound; threshold 2 cm)" in msg, msg
+    assert "near" not in msg and check["objects"]["0"]["near"]["reliable"]
 
 
 # ----------------------------------------------------------------- the low-contrast cell

@@ -29,7 +29,7 @@ import cv2
 import mujoco
 import numpy as np
 
-from comsim.sim.camera import as_K, opencv_to_mujoco
+from comsim.sim.camera import opencv_to_mujoco, shifted_camera
 
 CONDITIONS_STREAM = 4  # after layout, sensor, operator and the calibration stills (env.py, stills.py)
 PRINT_PATTERNS = ("stripes", "checker", "two_tone", "logo", "label")
@@ -351,17 +351,6 @@ def episode_conditions(cell, seed: int) -> EpisodeConditions:
     mass = rng.uniform(pd.mass[0], pd.mass[1], n_obj)
     return EpisodeConditions(light_factor, light_tilt, light_shift, gain, wb, offset, drift, period, phase,
                              distractors, friction, mass)
-
-
-def shifted_camera(T_cam_from_base, K, shift_px) -> np.ndarray:
-    """``T_cam_from_base`` rotated about the camera centre so that the image moves by ``shift_px`` (x, y):
-    a rotation by dx / fx about the camera's y axis and by -dy / fy about its x axis (OpenCV axes)."""
-    from scipy.spatial.transform import Rotation
-
-    fx, fy, _, _ = as_K(K)
-    R = np.eye(4)
-    R[:3, :3] = Rotation.from_rotvec([-shift_px[1] / fy, shift_px[0] / fx, 0.0]).as_matrix()
-    return R @ np.asarray(T_cam_from_base, np.float64)
 
 
 def realism_on(cell) -> dict[str, bool]:

@@ -25,6 +25,7 @@ from comsim.io.lerobot import LeRobotDataset
 from comsim.lab.cell import LabCell
 from comsim.lab.env import LabEnv
 from comsim.lab.truth import TRUTH_FILE, LabTruth, load_lab_truth
+from comsim.sim.camera import as_K
 from comsim.sim.spec import scene_spec_from_dict
 from comsim.twin.alignment_report import sampled_frames
 from comsim.twin.localize import symmetry, yaw_error
@@ -114,9 +115,90 @@ def add_truth_to_alignment_report(paired, real=None, frames_per_episode: int = 4
         })
     if rep.get("self_check"):
         summary["self_check_vs_truth"] = self_check_vs_truth(eps)
+        summary["uncertainty_vs_truth"] = uncertainty_vs_truth(placement_errors(real, al))
+    motion = camera_motion_vs_truth(real, al)
+    if motion is not None:
+        summary["camera_motion_vs_truth"] = motion
     write_json(rep, report_path)
     log(f"[report vs lab truth] {json.dumps(summary)}")
     return rep
+
+
+def placement_errors(real, al: dict) -> list[dict]:
+    """Every object placement of a twin alignment ``al`` (``twin_alignment.json``) of the lab recording ``real``
+    against the truth: {"episode", "object", "error_m" (first-frame position, x-y), "bound_95_m" (the twin's
+    95% bound, or None), "flagged" (the self-check distrusts it), "why", "m_per_px"}."""
+    truth = load_lab_truth(real)
+    rows = []
+    for e, objs in sorted(al["objects"].items(), key=lambda kv: int(kv[0])):
+        tr = truth.trajectory(int(e))
+        names = [str(n) for n in tr["object_names"]]
+        checked = al["self_check"]["objects"].get(e, {})
+        for name, f in objs.items():
+            if name not in names:
+                continue
+            res = checked.get(name, {})
+            unc = res.get("uncertainty") or {}
+            err = (float(np.linalg.norm(np.asarray(f["pos"][:2]) - tr["object_pos"][0][names.index(name)][:2]))
+                   if f.get("found") else float("inf"))
+            rows.append({"episode": int(e), "object": name, "error_m": err, "bound_95_m": unc.get("bound_95_m"),
+                         "flagged": not res.get("reliable", True), "why": res.get("why"),
+                         "m_per_px": unc.get("m_per_px")})
+    return rows
+
+
+def uncertainty_vs_truth(rows: list[dict], limit_m: float = 0.02) -> dict:
+    """The twin's position uncertainty scored on placements (``placement_errors``): how often the 95% bound
+    holds (error <= bound), the placements over ``limit_m`` that were trusted (should be none), and the share
+    of placements within it that were flagged anyway (false alarms)."""
+    bounded = [r for r in rows if r["bound_95_m"] is not None]
+    good = [r for r in rows if r["error_m"] <= limit_m]
+    bad = [r for r in rows if r["error_m"] > limit_m]
+    return {"placements": len(rows), "with_bound": len(bounded),
+            "bound_holds": sum(r["error_m"] <= r["bound_95_m"] for r in bounded),
+            "bound_coverage": (sum(r["error_m"] <= r["bound_95_m"] for r in bounded) / len(bounded)
+                               if bounded else None),
+            "within_limit": len(good), "within_limit_flagged": sum(r["flagged"] for r in good),
+            "false_flag_rate": sum(r["flagged"] for r in good) / len(good) if good else None,
+            "over_limit": len(bad), "over_limit_flagged": sum(r["flagged"] for r in bad),
+            "over_limit_trusted": [{"episode": r["episode"], "object": r["object"], "error_m": round(r["error_m"], 4)}
+                                   for r in bad if not r["flagged"]],
+            "limit_m": limit_m}
+
+
+def true_image_shift(T_still: np.ndarray, T_frame: np.ndarray, K) -> np.ndarray:
+    """How far (px, x y) the lab's camera at ``T_frame`` sees the image centre's content move from where the
+    camera at ``T_still`` (the calibration stills') sees it: a far point on the still camera's axis."""
+    fx, fy = float(as_K(K)[0]), float(as_K(K)[1])
+    R0, t0 = T_still[:3, :3], T_still[:3, 3]
+    X = -R0.T @ t0 + R0.T @ np.array([0.0, 0.0, 100.0])
+    p = T_frame[:3, :3] @ X + T_frame[:3, 3]
+    return np.array([fx * p[0] / p[2], fy * p[1] / p[2]])
+
+
+def camera_motion_vs_truth(real, al: dict) -> dict | None:
+    """The twin's per-frame camera motion (``al["camera_motion"]``, px) against the lab's: per episode the true
+    mean shift and the error of the twin's track (mean, rms, max over frames), and over all frames; None
+    when the alignment measured none."""
+    motion = al.get("camera_motion") or {}
+    if not motion:
+        return None
+    truth = load_lab_truth(real)
+    per, errs = {}, []
+    for e, m in sorted(motion.items(), key=lambda kv: int(kv[0])):
+        tr = truth.trajectory(int(e))
+        track = np.asarray(m["track_px"], np.float64)
+        cams = tr.get("camera_T_cam_from_base")
+        true = (np.stack([true_image_shift(truth.T_cam_from_base, Tk, al["K"]) for Tk in cams]) if cams is not None
+                else np.zeros_like(track))
+        applied = track if m["moved"] else np.zeros_like(track)  # what the render followed
+        d = np.linalg.norm(applied - true, axis=1)
+        errs.append(d)
+        per[e] = {"true_mean_px": true.mean(0).round(3).tolist(), "moved": m["moved"],
+                  "error_px_mean": round(float(d.mean()), 4), "error_px_max": round(float(d.max()), 4)}
+    d = np.concatenate(errs)
+    return {"episodes": per, "error_px_mean": float(d.mean()), "error_px_rms": float(np.sqrt((d ** 2).mean())),
+            "error_px_max": float(d.max())}
 
 
 def self_check_vs_truth(episodes: list[dict]) -> dict:

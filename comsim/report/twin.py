@@ -192,19 +192,22 @@ def _self_check(rep: Report, al: dict | None, report: dict | None) -> None:
                 .get(cam.get("reliable"), "-")}],
               caption="camera: the calibration's IoU per frame (plotted above) against the threshold")
     truth = {e.get("real_episode"): e for e in (report or {}).get("episodes") or []}
-    shifts, moved = cam.get("episode_shift_px") or {}, cam.get("episodes_moved") or {}
+    moved = cam.get("episodes_moved") or {}
+    motion = cam.get("episode_motion") or {}
     rows = []
     for e, per in (check.get("objects") or {}).items():
         row = {"episode": e}
-        if e in shifts:
-            d = float(np.hypot(shifts[e][0], shifts[e][1]))
-            row["camera shift from the stills"] = f"{d:.2f} px" + (" UNRELIABLE" if e in moved else " (compensated)"
-                                                                  if d >= th.get("camera_shift_compensated_px", 1e9)
-                                                                  else "")
+        if e in motion:
+            m = motion[e]
+            row["camera shift from the stills"] = (f"{np.hypot(*m['offset_px']):.2f} px, drift {m['drift_px']:.2f}"
+                                                   + (" UNRELIABLE" if e in moved else " (followed)" if m["moved"]
+                                                      else ""))
         for name, r in per.items():
-            iou = r.get("silhouette_iou")
+            iou, bound = r.get("silhouette_iou"), (r.get("uncertainty") or {}).get("bound_95_m")
             row[f"{name} silhouette IoU"] = ("-" if iou is None else f"{iou:.2f}") + (
                 "" if r.get("reliable", True) else f" UNRELIABLE: {r.get('why', '')}")
+            if bound is not None:
+                row[f"{name} 95% bound"] = _cm(bound)
         errs = (truth.get(int(e)) or {}).get("object_initial_error_m_refined") or \
             (truth.get(int(e)) or {}).get("object_initial_error_m")
         if errs:
@@ -214,10 +217,31 @@ def _self_check(rep: Report, al: dict | None, report: dict | None) -> None:
                             f"frames that shows an object there (IoU; unreliable under "
                             f"{fmt_number(th.get('object_silhouette_iou'))}, when its own colour evidence inside it is "
                             f"under {fmt_number(th.get('object_colour'))}, when another object's colour shows there "
-                            f"more, or when the arm hides it); the camera's shift from the calibration stills in each "
-                            f"episode's first frames (compensated over "
-                            f"{fmt_number(th.get('camera_shift_compensated_px'))} px, unreliable over "
-                            f"{fmt_number(th.get('camera_shift_px'))} px)")
+                            f"more, when the arm hides it, or when the radius holding 95% of its position uncertainty "
+                            f"crosses {_cm(th.get('object_bound_95_m'))}); the camera's shift from the calibration "
+                            f"stills over the episode (offset, and how far its slow drift strays from it; the replay "
+                            f"follows it frame by frame over {fmt_number(th.get('camera_shift_compensated_px'))} px, "
+                            f"unreliable over {fmt_number(th.get('camera_shift_px'))} px)")
+    _uncertainty_vs_truth(rep, (report or {}).get("summary") or {})
+
+
+def _uncertainty_vs_truth(rep: Report, s: dict) -> None:
+    """The position uncertainty and the camera motion scored against a lab recording's truth, where it has one."""
+    u, m = s.get("uncertainty_vs_truth"), s.get("camera_motion_vs_truth")
+    if u:
+        cov = u.get("bound_coverage")
+        rep.table([{"placements": u["placements"],
+                    "95% bound holds": f"{u['bound_holds']} of {u['with_bound']}"
+                                       + ("" if cov is None else f" ({100 * cov:.0f}%)"),
+                    f"within {_cm(u['limit_m'])}, flagged": f"{u['within_limit_flagged']} of {u['within_limit']}",
+                    f"over {_cm(u['limit_m'])}, flagged": f"{u['over_limit_flagged']} of {u['over_limit']}"}],
+                  caption="the twin's position uncertainty against the lab's truth (first-frame placements): the bound "
+                          "should hold for 95% of them, and a placement the twin trusts should be within the limit")
+    if m:
+        rep.table([{"episodes": len(m["episodes"]), "error mean": f"{m['error_px_mean']:.3f} px",
+                    "error rms": f"{m['error_px_rms']:.3f} px", "error max": f"{m['error_px_max']:.3f} px"}],
+                  caption="the camera's motion since the stills as the replay followed it, against the lab's own "
+                          "(image shift at the image centre, every frame)")
 
 
 # -- episodes ------------------------------------------------------------------------------------

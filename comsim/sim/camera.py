@@ -109,6 +109,18 @@ def scale_K(K: Any, width: int, height: int, new_width: int, new_height: int) ->
     return np.array([fx * sx, fy * sy, (cx + 0.5) * sx - 0.5, (cy + 0.5) * sy - 0.5])
 
 
+def shifted_camera(T_cam_from_base: Any, K: Any, shift_px) -> np.ndarray:
+    """``T_cam_from_base`` rotated about the camera centre so that the image moves by ``shift_px`` (x, y):
+    a rotation by dx / fx about the camera's y axis and by -dy / fy about its x axis (OpenCV axes). A
+    camera knocked or drifting on its mount turns more than it travels: its image shifts."""
+    from scipy.spatial.transform import Rotation
+
+    fx, fy, _, _ = as_K(K)
+    R = np.eye(4)
+    R[:3, :3] = Rotation.from_rotvec([-shift_px[1] / fy, shift_px[0] / fx, 0.0]).as_matrix()
+    return R @ np.asarray(T_cam_from_base, np.float64)
+
+
 def look_at(eye: Any, target: Any, up: Any = (0.0, 0.0, 1.0)) -> np.ndarray:
     """``T_cam_from_base`` of an OpenCV camera at ``eye`` looking at ``target``."""
     eye, target, up = (np.asarray(v, dtype=np.float64) for v in (eye, target, up))

@@ -10,7 +10,8 @@ Modules: silhouette (robot-only renderer), pose_fit (coarse search + contour Gau
 calibrate (robust calibration, unsynchronized frames, PnP, checkerboard), frames (folder
 loading and checks), masks (robot masks without a board or masks), align (dataset-level
 alignment rounds), localize (objects on the table), colors (material matching),
-camera_model (the real camera's distortion for the twin's view), replay, overlay (silhouette
-outlines on frames), alignment_report (scores a replay against masks derived from the real frames).
+camera_model (the real camera's distortion for the twin's view), camera_motion (the camera's motion
+after calibration, from the frames), uncertainty (each object's position uncertainty), replay, overlay
+(silhouette outlines on frames), alignment_report (scores a replay against masks derived from the real frames).
 """
 import comsim.sim  # noqa: F401  (picks the headless GL backend before mujoco is imported)

@@ -15,6 +15,7 @@ import numpy as np
 from comsim.io.keys import seg_key
 from comsim.io.labels import rgb_to_seg
 from comsim.io.lerobot import LeRobotDataset
+from comsim.sim.camera import shifted_camera
 from comsim.sim.spec import scene_spec_from_dict
 from comsim.twin.frames import undistort, undistort_maps
 from comsim.twin.masks import derive_masks
@@ -37,6 +38,14 @@ def alignment_report(paired, real=None, out=None, frames_per_episode: int = 4, o
     rep = score(paired, real, frames_per_episode, overlays, out / "report", log)
     write_json(rep, out / "alignment_report.json")
     return rep
+
+
+def frame_camera(T, K, motion: dict | None, k: int) -> np.ndarray:
+    """``T_cam_from_base`` of frame ``k`` of an episode whose camera motion since the stills is ``motion``
+    (``camera_motion.summary``): the calibrated camera, moved when the episode's camera moved."""
+    if not motion or not motion["moved"]:
+        return np.asarray(T, np.float64)
+    return shifted_camera(T, K, motion["track_px"][k])
 
 
 def sampled_frames(ds: LeRobotDataset, cam: str, per_episode: int) -> list[tuple]:
@@ -68,11 +77,12 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
     imgs = np.stack([undistort(s[2], maps) if maps is not None else s[2] for s in samples])
     joints = np.stack([s[3][:7] for s in samples]).astype(np.float64)
     fingers = np.stack([[s[3][7] / 2] * 2 for s in samples]).astype(np.float64)
+    motion = al.get("camera_motion") or {}
     with RobotSilhouette(spec, K, W, H, visual=spec.robot.visual) as sil:
         d = derive_masks(imgs, joints, fingers, sil, T, margin_px=max(1, round(2 * W / 128)))
-        sil.set_camera(T)
         pin = []
-        for q, f in zip(joints, fingers):
+        for (e, k, *_), q, f in zip(samples, joints, fingers):
+            sil.set_camera(frame_camera(T, K, motion.get(str(e)), k))
             sil.set_joints(q, f)
             pin.append(sil.mask())
     valid = d["valid"] & d["known"][None]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import copy
 
 import cv2
+import mujoco
 import numpy as np
 
-from comsim.sim.camera import as_K
+from comsim.sim.camera import as_K, opencv_to_mujoco
 from comsim.sim.render import SceneRenderer
 from comsim.sim.scene import Scene
 from comsim.sim.spec import CameraSpec, SceneSpec
@@ -44,6 +45,7 @@ class RealCameraView:
 
     def __init__(self, scene: Scene, cam: str, render_cam: str, K, dist, width: int, height: int, margin: int):
         self.renderer = SceneRenderer(scene, render_cam)
+        self.scene = scene
         self.width, self.height, self.margin = width, height, margin
         fx, fy, cx, cy = as_K(K)
         self.render_K = (fx, fy, cx + margin, cy + margin)
@@ -57,6 +59,18 @@ class RealCameraView:
             self.map_x, self.map_y = src[..., 0].astype(np.float32), src[..., 1].astype(np.float32)
         else:
             self.map_x = self.map_y = None
+
+    def place_camera(self, T_cam_from_base) -> None:
+        """Move the camera to ``T_cam_from_base`` for the next frames (a camera that moved after its
+        calibration: ``comsim.twin.camera_motion``)."""
+        m, d = self.scene.model, self.scene.data
+        T_world_from_base = np.eye(4)
+        T_world_from_base[:3, 3] = self.scene.spec.robot.base_pos
+        p = opencv_to_mujoco(self.render_K, T_cam_from_base, self.width + 2 * self.margin,
+                             self.height + 2 * self.margin, T_world_from_base)
+        cid = self.renderer.camera_id
+        m.cam_pos[cid], m.cam_quat[cid] = p.pos, p.quat
+        mujoco.mj_camlight(m, d)
 
     def _warp(self, img: np.ndarray, nearest: bool = False) -> np.ndarray:
         if self.map_x is None:

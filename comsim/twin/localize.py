@@ -156,20 +156,6 @@ def register_background(img: np.ndarray, background: np.ndarray, exclude=None, s
     return best
 
 
-def background_shift(img: np.ndarray, background: np.ndarray, exclude=None) -> tuple[float, float, float]:
-    """(dx, dy, response): how far the image content of ``img`` moved from the robot-free still
-    (pixels, phase correlation of the two in grey, the arm's pixels taken from the still), and how
-    clearly (0-1). A camera bumped after its calibration stills shows here as a shift of the whole
-    static scene; the objects and the arm are too small a part of it to move the peak."""
-    a = cv2.cvtColor(background.astype(np.uint8), cv2.COLOR_RGB2GRAY).astype(np.float32)
-    b = cv2.cvtColor(img.astype(np.uint8), cv2.COLOR_RGB2GRAY).astype(np.float32)
-    if exclude is not None:
-        b[exclude] = a[exclude]
-    H, W = a.shape
-    (dx, dy), response = cv2.phaseCorrelate(a, b, cv2.createHanningWindow((W, H), cv2.CV_32F))
-    return float(dx), float(dy), float(response)
-
-
 def _ray_to_plane(K, T, uv, z: float) -> np.ndarray:
     fx, fy, cx, cy = as_K(K)
     d_cam = np.array([(uv[0] - cx) / fx, (uv[1] - cy) / fy, 1.0])

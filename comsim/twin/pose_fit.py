@@ -240,6 +240,79 @@ def _contour_points(scorer: SilhouetteScorer, T: np.ndarray, frame: int, w: int,
     return (Xc - t) @ R  # R^T (Xc - t)
 
 
+def _contour_residuals(scorer: SilhouetteScorer, P: np.ndarray, ids: np.ndarray, frames, Tc: np.ndarray, K,
+                       bias: float, offset: float = 0.0):
+    """Signed distances (px) of the contour points ``P`` (base frame; ``ids``: their index in ``frames``)
+    projected by ``Tc`` to their frames' observed masks, the distance maps' gradients there (u, v), and
+    the points in the camera frame. Points on unknown pixels get zero residual and zero gradient."""
+    fx, fy, cx, cy = K
+    Xc = P @ Tc[:3, :3].T + Tc[:3, 3]
+    z = Xc[:, 2]
+    u, v = fx * Xc[:, 0] / z + cx, fy * Xc[:, 1] / z + cy
+    r = np.empty(len(P))
+    gu, gv, ok = np.empty(len(P)), np.empty(len(P)), np.ones(len(P))
+    for k, i in enumerate(frames):
+        sel = ids == k
+        sdf, gx, gy, valid, f = scorer.targets.sdf(i)
+        xs, ys = f * (u[sel] + 0.5) - 0.5, f * (v[sel] + 0.5) - 0.5
+        r[sel] = _bilinear(sdf, xs, ys) + bias
+        gu[sel], gv[sel] = _bilinear(gx, xs, ys), _bilinear(gy, xs, ys)
+        if valid is not None:
+            ok[sel] = _bilinear(valid, xs, ys) > 0.5
+    return (r + offset) * ok, gu * ok, gv * ok, Xc
+
+
+def _contour_jacobian(Xc: np.ndarray, gu: np.ndarray, gv: np.ndarray, fx: float, fy: float) -> np.ndarray:
+    """d residual / d(w, v) (N, 6) for a camera-side perturbation ``[R(w) | v] @ T`` (``perturb``)."""
+    X, Y, Z = Xc[:, 0], Xc[:, 1], Xc[:, 2]
+    # d(u,v)/dXc, then dXc/d(w, v) = [-[Xc]x | I] for Xc' = R(w) Xc + v.
+    du = np.stack([fx / Z, np.zeros_like(Z), -fx * X / Z**2], 1)
+    dv = np.stack([np.zeros_like(Z), fy / Z, -fy * Y / Z**2], 1)
+    dX = gu[:, None] * du + gv[:, None] * dv  # d r / d Xc
+    return np.concatenate([np.cross(Xc, dX), dX], 1)  # d r / d(w) = Xc x dX
+
+
+def _contour_problem(scorer: SilhouetteScorer, T: np.ndarray, frames, render_size: tuple[int, int]):
+    """Contour points of ``frames`` rendered at ``T`` and their residuals there: (ids, r, J) (``refine_contour``'s
+    terms, without an offset)."""
+    W, H = scorer.targets.size
+    fx, fy, cx, cy = scorer.sil.K_at(W, H)
+    rw, rh = render_size
+    pts, ids = [], []
+    for k, i in enumerate(frames):
+        P = _contour_points(scorer, T, i, rw, rh)
+        pts.append(P)
+        ids.append(np.full(len(P), k))
+    P, ids = np.concatenate(pts), np.concatenate(ids)
+    r, gu, gv, Xc = _contour_residuals(scorer, P, ids, frames, T, (fx, fy, cx, cy), 0.5 * W / rw)
+    known = (gu != 0) | (gv != 0)  # points on unknown pixels say nothing
+    return ids[known], r[known], _contour_jacobian(Xc, gu, gv, fx, fy)[known]
+
+
+def contour_residuals(scorer: SilhouetteScorer, T: np.ndarray, frames, render_size: tuple[int, int]) -> np.ndarray:
+    """Signed distances (px of the masks) of the silhouettes' contour points at ``T`` from the masks' edges."""
+    return _contour_problem(scorer, T, frames, render_size)[1]
+
+
+def pose_covariance(scorer: SilhouetteScorer, T: np.ndarray, frames, render_size: tuple[int, int],
+                    scale_px: float = 1.5) -> np.ndarray:
+    """Covariance (6, 6) of a contour fit's pose ``T`` (``refine_contour``'s perturbation ``(w, v)``, camera
+    frame), from how much the frames disagree about it: the robust fit's normal equations (each frame
+    voting equally, as in the fit) sandwiching the spread of the frames' own gradients at ``T`` (a
+    cluster-robust covariance, frames as clusters: errors correlated along a frame's contours, a mask
+    that is off in one frame, count once per frame, not once per contour point)."""
+    ids, r, J = _contour_problem(scorer, T, frames, render_size)
+    n = len(frames)
+    if len(r) < 6 or n < 2:
+        return np.full((6, 6), np.nan)
+    counts = np.bincount(ids, minlength=n).astype(np.float64)
+    w = 1.0 / np.maximum(counts[ids], 1.0) / (1.0 + (r / scale_px) ** 2)
+    A = (J * w[:, None]).T @ J
+    g = np.stack([(J[ids == k] * (w * r)[ids == k, None]).sum(0) for k in range(n)])
+    A_inv = np.linalg.pinv(A)
+    return A_inv @ (g.T @ g) @ A_inv * n / (n - 1)
+
+
 def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size: tuple[int, int],
                    outer: int = 6, inner: int = 8, scale_px: float = 2.0,
                    frame_weights=None, fit_offset: bool = False) -> tuple[np.ndarray, dict]:
@@ -280,20 +353,7 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
         norm = fw[ids] / np.maximum(counts[ids], 1.0)  # each frame votes equally
 
         def residuals(Tc):
-            Xc = P @ Tc[:3, :3].T + Tc[:3, 3]
-            z = Xc[:, 2]
-            u, v = fx * Xc[:, 0] / z + cx, fy * Xc[:, 1] / z + cy
-            r = np.empty(len(P))
-            gu, gv, ok = np.empty(len(P)), np.empty(len(P)), np.ones(len(P))
-            for k, i in enumerate(frames):
-                sel = ids == k
-                sdf, gx, gy, valid, f = scorer.targets.sdf(i)
-                xs, ys = f * (u[sel] + 0.5) - 0.5, f * (v[sel] + 0.5) - 0.5
-                r[sel] = _bilinear(sdf, xs, ys) + bias
-                gu[sel], gv[sel] = _bilinear(gx, xs, ys), _bilinear(gy, xs, ys)
-                if valid is not None:
-                    ok[sel] = _bilinear(valid, xs, ys) > 0.5
-            return (r + offset) * ok, gu * ok, gv * ok, Xc  # unknown pixels: zero residual, zero gradient
+            return _contour_residuals(scorer, P, ids, frames, Tc, (fx, fy, cx, cy), bias, offset)
 
         def cost(r):
             return float(np.sum(norm * scale_px**2 * np.log1p((r / scale_px) ** 2)))
@@ -303,12 +363,7 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
         c0 = cost(r)
         start = T.copy()
         for _ in range(inner):
-            X, Y, Z = Xc[:, 0], Xc[:, 1], Xc[:, 2]
-            # d(u,v)/dXc, then dXc/d(w, v) = [-[Xc]x | I] for Xc' = R(w) Xc + v.
-            du = np.stack([fx / Z, np.zeros_like(Z), -fx * X / Z**2], 1)
-            dv = np.stack([np.zeros_like(Z), fy / Z, -fy * Y / Z**2], 1)
-            dX = gu[:, None] * du + gv[:, None] * dv  # d r / d Xc
-            J = np.concatenate([np.cross(Xc, dX), dX], 1)  # d r / d(w) = Xc x dX
+            J = _contour_jacobian(Xc, gu, gv, fx, fy)
             if fit_offset:
                 J = np.concatenate([J, (r != 0)[:, None].astype(np.float64)], 1)
             wts = norm / (1.0 + (r / scale_px) ** 2)

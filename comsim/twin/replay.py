@@ -8,10 +8,11 @@
    writes them), else from the dataset's own frames (``align.py``),
    and the colours (``colors.py``). The published lens distortion, if any, is read from
    the dataset's ``camera_intrinsics.json``; nothing else about the recording is assumed.
-   Every episode's objects are localized in its first frames (``localize.py``) and the twin
-   checks itself (``selfcheck.py``: the calibration's IoU per frame, how far each episode's
-   camera moved from the stills, each object's silhouette against what the first frames show
-   there). A twin that fails is refused by name before any episode is written, or, with
+   Every episode's camera motion since the stills is measured on its frames (``camera_motion.py``),
+   its objects are localized in its first frames (``localize.py``) with a position uncertainty each
+   (``uncertainty.py``), and the twin checks itself (``selfcheck.py``: the calibration's IoU per
+   frame, how far each episode's camera moved from the stills, each object's silhouette against
+   what the first frames show there, each object's 95% position bound). A twin that fails is refused by name before any episode is written, or, with
    ``on_unreliable="mark"``, replayed with the episodes concerned marked ``twin_unreliable``.
 2. Per episode, from the objects found in its first frames:
    - ``kinematic``: the robot is set to the recorded joint positions frame by frame;
@@ -23,7 +24,9 @@
      a push: each object the replay touches gets the initial pose (yaw, offset across the
      arm's approach) whose physics replay best explains the whole real video (``track.py``;
      ``refine=False``: the first-frame estimate).
-   The twin is rendered through the real camera (its size and distortion).
+   The twin is rendered through the real camera (its size and distortion), frame by frame where
+   the episode's camera moved since the stills (a camera that did not gets the same pairs as
+   without that step).
 3. Each output episode holds ``observation.images.<cam>`` (the real video),
    ``observation.images.<cam>_sim`` (the twin), optionally ``<cam>_sim_seg`` (palette
    labels) and ``<cam>_sim_depth`` (1 grey level per cm), the real actions and states, the
@@ -51,21 +54,25 @@ from comsim.sim.scene import yaw_quat
 from comsim.sim.spec import SceneSpec, load_scene_spec, scene_spec_from_dict, spec_hash
 from comsim.twin.align import (aligned_spec, calibrate_dataset, calibrate_stills, camera_key, dataset_intrinsics,
                                stills_background, stills_folder)
+from comsim.twin.alignment_report import frame_camera
 from comsim.twin.calibrate import load_calibration
 from comsim.io.labels import seg_to_rgb
 from comsim.twin.camera_model import RealCameraView, depth_to_rgb, normal_to_rgb, with_render_camera
 from comsim.twin.colors import estimate_colors, twin_scene
 from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
-from comsim.twin.localize import EvidenceMaps, background_shift, localize_objects, object_px
+from comsim.twin.camera_motion import episode_motion, shifted_image
+from comsim.twin.camera_motion import summary as motion_summary
+from comsim.twin.localize import EvidenceMaps, localize_objects, object_px
 from comsim.io.files import atomic_output, write_json
 from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
-from comsim.twin.selfcheck import (CAMERA_SHIFT_MIN_PX, ON_UNRELIABLE, SHIFT_MIN_RESPONSE, UnreliableTwinError,
-                                   check_alignment, episode_verdict, log_self_check, object_residual,
-                                   unreliable_message)
+from comsim.twin.selfcheck import (ON_UNRELIABLE, UnreliableTwinError, check_alignment, episode_verdict,
+                                   log_self_check, object_residual, unreliable_message)
 from comsim.twin.silhouette import RobotSilhouette
+from comsim.twin.uncertainty import object_uncertainty, recording_clarity
 
 ALIGNMENT_FILE = "twin_alignment.json"
+UNCERTAINTY_KEYS = ("contour_residual_px", "pose_covariance")  # the calibration's, for the objects' uncertainty
 MODES = ("physics", "kinematic")
 FIRST_FRAMES = 6  # frames averaged (median) to localize objects: less noise, arm not there yet
 
@@ -88,15 +95,42 @@ def first_image(ep: Episode, cam: str, maps) -> np.ndarray:
     return undistort(img, maps) if maps is not None else img
 
 
-def robot_exclusion(spec: SceneSpec, cam: str, q7, width: float) -> np.ndarray:
-    """The arm's pixels (dilated) in the aligned twin's pinhole view: not an object."""
+def robot_exclusion(spec: SceneSpec, cam: str, q7, width: float, K=None) -> np.ndarray:
+    """The arm's pixels (dilated) in the aligned twin's pinhole view (``K``: the episode's, default the
+    spec camera's): not an object."""
     import cv2
     c = spec.camera(cam)
-    with RobotSilhouette(spec, c.K, c.width, c.height, visual=spec.robot.visual) as sil:
+    with RobotSilhouette(spec, c.K if K is None else K, c.width, c.height, visual=spec.robot.visual) as sil:
         sil.set_camera(np.asarray(c.T_cam_from_base))
         sil.set_joints(q7, [width / 2, width / 2])
         m = sil.mask()
     return cv2.dilate(m.astype(np.uint8), np.ones((5, 5), np.uint8)) > 0
+
+
+def episode_camera_motion(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background) -> dict | None:
+    """Episode ``e``'s camera motion since the calibration stills (``camera_motion.episode_motion``: every
+    frame registered to the robot-free still, the arm's pixels left out), or None without a still."""
+    import cv2
+    if background is None:
+        return None
+    ep = ds.read_episode(e, cameras=[cam])
+    frames = [undistort(f, maps) if maps is not None else f for f in ep.frames[cam]]
+    c = spec.camera(cam)
+    k5 = np.ones((5, 5), np.uint8)
+    with RobotSilhouette(spec, c.K, c.width, c.height, visual=spec.robot.visual) as sil:
+        sil.set_camera(np.asarray(c.T_cam_from_base))
+        excl = []
+        for st in ep.state:
+            sil.set_joints(st[:7], [st[7] / 2, st[7] / 2])
+            excl.append(cv2.dilate(sil.mask().astype(np.uint8), k5) > 0)
+    return episode_motion(np.stack(frames), background, np.stack(excl), ep.timestamps, c.K)
+
+
+def first_shift(motion: dict | None) -> np.ndarray | None:
+    """The image shift (px) of an episode's first frames when its camera moved (``motion["moved"]``), else None."""
+    if not motion or not motion["moved"]:
+        return None
+    return np.mean(np.asarray(motion["track_px"], np.float64)[:FIRST_FRAMES], axis=0)
 
 
 def object_poses(found: dict, spec: SceneSpec) -> dict:
@@ -109,23 +143,25 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
     return out
 
 
-def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background) -> dict:
+def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background,
+                         motion: dict | None = None) -> dict:
     """Episode ``e``'s objects from its first frames in the aligned twin ``spec`` (its camera):
-    {"image", "state" (first row), "camera_shift" ([dx, dy] px of the static scene from the robot-free
-    still, ``localize.background_shift``; objects are localized with the principal point moved by it when it
-    is over ``CAMERA_SHIFT_MIN_PX``), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
-    of each found object; the twin's own check, no truth)}."""
+    {"image", "state" (first row), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
+    of each found object; the twin's own check, no truth), "K" (the episode's), "evidence" (the first frames'
+    ``EvidenceMaps``)}. When the episode's camera moved since the stills (``motion``, ``episode_camera_motion``),
+    objects are localized with the principal point moved by the first frames' shift and against the still
+    moved by it."""
     c = spec.camera(cam)
     K, T = np.asarray(c.K, np.float64), np.asarray(c.T_cam_from_base)
     ep = ds.read_window(e, 0, min(FIRST_FRAMES, ds.episode_length(e)), cameras=[cam])
     img = first_image(ep, cam, maps)
-    excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]))
-    shift = None
-    if background is not None:
-        dx, dy, response = background_shift(img, background, excl)
-        shift = [round(dx, 3), round(dy, 3), round(response, 3)]
-        if response >= SHIFT_MIN_RESPONSE and np.hypot(dx, dy) >= CAMERA_SHIFT_MIN_PX:  # the camera moved since
-            K = K + [0.0, 0.0, dx, dy]
+    shift = first_shift(motion)
+    excl_K = None
+    if shift is not None:  # the camera moved since the stills
+        background = shifted_image(background, shift, K)
+        K = K + [0.0, 0.0, shift[0], shift[1]]
+        excl_K = K
+    excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]), K=excl_K)
     colors = {o.name: list(o.rgba) for o in spec.objects}
     found = localize_objects(img, spec.objects, K, T, robot_mask=excl, colors=colors, background=background,
                              table=spec.table)
@@ -134,8 +170,8 @@ def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, 
                                                  found[o.name]["yaw"]), K, T)
                          if found[o.name]["found"] else {"not_found": True})
                 for o in spec.objects}
-    return {"image": img, "state": ep.state[0], "found": found, "residual": residual, "camera_shift": shift,
-            "K": [float(v) for v in K]}
+    return {"image": img, "state": ep.state[0], "found": found, "residual": residual, "K": [float(v) for v in K],
+            "evidence": ev}
 
 
 # ----------------------------------------------------------------- alignment
@@ -155,7 +191,8 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
         if cal.get("dist"):
             dist = np.asarray(cal["dist"], np.float64)
         T = cal["T_cam_from_base"]
-        calib = {"source": str(calibration), "mean_iou": cal.get("mean_iou"), "converged": cal.get("converged")}
+        calib = {"source": str(calibration), "mean_iou": cal.get("mean_iou"), "converged": cal.get("converged"),
+                 **{k: cal[k] for k in UNCERTAINTY_KEYS if k in cal}}
     else:
         stills = stills_folder(real)
         if stills is not None:  # the cell's calibration stills: finer pixels, a robot-free still
@@ -167,26 +204,30 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
         T = np.asarray(res["T_cam_from_base"])
         calib = {"source": source, "mean_iou": res["mean_iou"], "converged": res["converged"],
                  "per_frame_iou": res["per_frame_iou"], "outlier_frames": res["outlier_frames"],
-                 "rounds": res["rounds"], "mask_source": res["mask_source"], "seconds": res["seconds"]}
+                 "rounds": res["rounds"], "mask_source": res["mask_source"], "seconds": res["seconds"],
+                 **{k: res[k] for k in (*UNCERTAINTY_KEYS, "sharpened") if k in res}}
         if not res["converged"]:
             raise CalibrationDataError(f"{real}: the camera calibration from {source} did not converge "
                                        f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
     aligned = aligned_spec(spec, cam, T, K, W, H)
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
-    # episode 0's objects give the colours; every episode's are localized and checked by self_check_alignment
-    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H))
-    colors = estimate_colors(aligned, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
+    al = {"camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
+          "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist()}
+    motions = camera_motions(ds, spec, al)
+    # episode 0's objects give the colours (seen through its camera, which may have moved since the stills);
+    # every episode's are localized and checked by self_check_alignment
+    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H), motions[0])
+    seen = aligned if first_shift(motions[0]) is None else aligned_spec(spec, cam, T, f0["K"], W, H)
+    colors = estimate_colors(seen, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
                              object_poses(f0["found"], aligned),
                              valid=None if maps is None else _valid_after_undistort(maps))
     final = aligned_spec(spec, cam, T, K, W, H, colors)
     log(f"[replay] aligned: camera from {calib['source']}, colour residuals "
         f"{ {k: round(v, 1) for k, v in colors['residual'].items()} }")
-    al = {"real": str(real), "camera": cam, "width": W, "height": H, "K": [float(v) for v in as_K(K)],
-          "dist": None if dist is None else [float(v) for v in dist], "T_cam_from_base": np.asarray(T).tolist(),
-          "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
+    al = {"real": str(real), **al, "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
           "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
           "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
-    al.update(self_check_alignment(ds, spec, al))
+    al.update(self_check_alignment(ds, spec, al, motions))
     return al
 
 
@@ -228,6 +269,10 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     # Objects were localized in every episode's first frames by the alignment (by their nominal colours:
     # the matched ones describe the twin's lighting, not what the camera sees).
     found = al["objects"][str(e)]
+    motion = (al.get("camera_motion") or {}).get(str(e))
+    shift = first_shift(motion)
+    if shift is not None:  # the camera moved since the stills: the still as it sees it
+        bg = shifted_image(bg, shift, K)
     refined = None
     poses = object_poses(found, spec)
     if mode == "physics" and refine and any(r["found"] for r in found.values()):
@@ -241,11 +286,16 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
     view = RealCameraView(scene, cam, render_cam, K, dist, W, H, margin)
     n = len(ep)
     t = ep.timestamps.astype(np.float64)
+    # a camera that moved since the stills is followed frame by frame; one that did not is left alone
+    follow = shift is not None
+    T = np.asarray(al["T_cam_from_base"], np.float64)
     sim, seg, depth, normal, tstate, opos, oquat = [], [], [], [], [], [], []
     try:
         for k in range(n):
             if mode == "kinematic":
                 scene.set_robot_qpos(ep.state[k, :7], float(ep.state[k, 7]))
+            if follow:
+                view.place_camera(frame_camera(T, K, motion, k))
             sim.append(view.rgb())
             if "seg" in channels:
                 seg.append(seg_to_rgb(view.segmentation()))
@@ -277,6 +327,8 @@ def replay_episode(ds: LeRobotDataset, e: int, al: dict, spec: SceneSpec, mode: 
                              "localized_objects": found, "real_provenance": ep.provenance.to_dict()})
     if refined is not None:  # initial poses from the whole video (analysis by synthesis over time)
         prov.extra["refined_objects"] = refined
+    if follow:  # the camera's motion since the stills, followed by the render
+        prov.extra["camera_motion_px"] = {"offset": motion["offset_px"], "drift": motion["drift_px"]}
     unreliable = episode_verdict(al["self_check"], e)
     if unreliable:  # written only with on_unreliable="mark": what the twin's self-check distrusts here
         prov.extra["twin_unreliable"] = unreliable
@@ -412,18 +464,44 @@ def _replay_and_stage(job: tuple) -> int:
     return e
 
 
-def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict) -> dict:
-    """The ``objects`` and ``self_check`` entries of an alignment ``al`` of ``ds`` to the nominal twin ``spec``."""
+def camera_motions(ds: LeRobotDataset, spec: SceneSpec, al: dict) -> dict[int, dict | None]:
+    """Every episode's camera motion since the calibration stills (``episode_camera_motion``, as
+    ``camera_motion.summary``) in the alignment ``al`` of ``ds`` to the nominal twin ``spec``."""
     cam, W, H = al["camera"], al["width"], al["height"]
     K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
     aligned = aligned_spec(spec, cam, np.asarray(al["T_cam_from_base"]), K, W, H)
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
     bg = stills_background(ds.root, W, H)
-    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg) for e in range(len(ds))}
-    return {"objects": {str(e): f["found"] for e, f in firsts.items()},
+    motions = {e: episode_camera_motion(ds, e, aligned, cam, maps, bg) for e in range(len(ds))}
+    return {e: None if m is None else motion_summary(m) for e, m in motions.items()}
+
+
+def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict, motions: dict | None = None) -> dict:
+    """The ``camera_motion``, ``objects``, ``episode_K`` and ``self_check`` entries of an alignment ``al`` of
+    ``ds`` to the nominal twin ``spec`` (``motions``: ``camera_motions``' result, computed when not given)."""
+    cam, W, H = al["camera"], al["width"], al["height"]
+    K, dist = np.asarray(al["K"]), (None if al["dist"] is None else np.asarray(al["dist"]))
+    aligned = aligned_spec(spec, cam, np.asarray(al["T_cam_from_base"]), K, W, H)
+    maps = undistort_maps(K, dist, W, H) if dist is not None else None
+    bg = stills_background(ds.root, W, H)
+    motions = camera_motions(ds, spec, al) if motions is None else motions
+    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg, motions[e]) for e in range(len(ds))}
+    placed = {e: {o.name: o for o in aligned.objects} for e in firsts}
+    clarity = recording_clarity([f["residual"] for f in firsts.values()])
+    for e, f in firsts.items():  # each found object's position uncertainty (uncertainty.py)
+        T = np.asarray(al["T_cam_from_base"])
+        for name, res in f["residual"].items():
+            if res.get("not_found") or res.get("outside_image"):
+                continue
+            g = f["found"][name]
+            res["uncertainty"] = object_uncertainty(f["evidence"], placed[e][name], (g["pos"][0], g["pos"][1], g["yaw"]),
+                                                    np.asarray(f["K"]), T, res["visible"], clarity,
+                                                    al["calibration"], motions[e])
+    return {"camera_motion": {str(e): m for e, m in motions.items() if m is not None},
+            "objects": {str(e): f["found"] for e, f in firsts.items()},
             "episode_K": {str(e): f["K"] for e, f in firsts.items()},
             "self_check": check_alignment(al["calibration"], {e: f["residual"] for e, f in firsts.items()},
-                                          {e: f["camera_shift"] for e, f in firsts.items()})}
+                                          motions)}
 
 
 def _report(out: Path, real: Path, wanted: bool, log) -> None:

@@ -6,10 +6,11 @@ After calibration and localization, on the recording alone:
   fitted pose against the robot mask of that still, ``calibrate.py``). Frames under
   ``FRAME_IOU_MIN`` are named; the camera is unreliable when the frames the fit trusted
   average under it, or when more than half the frames are under it.
-- camera, per episode: how far the static scene of its first frames moved from the
-  robot-free still (``localize.background_shift``). Past ``CAMERA_SHIFT_MIN_PX`` the
-  episode's objects are localized with the shift (a camera bumped after its stills); past
-  ``CAMERA_SHIFT_MAX_PX`` the episode's camera is unreliable (calibrate again).
+- camera, per episode: how far the static scene moved from the robot-free still, frame by frame
+  (``camera_motion.episode_motion``). Past ``camera_motion.MOVED_MIN_PX`` the episode is rendered
+  with its camera's motion and its objects are localized with it (a camera bumped after its
+  stills); an offset past ``CAMERA_SHIFT_MAX_PX`` makes the episode's camera unreliable (calibrate
+  again).
 - each object, each episode (``object_residual``): its silhouette rendered at the estimated
   pose against the region of the first frames (``replay.first_image``) that shows an object
   there: the object's evidence (``localize.EvidenceMaps``: its colour, and with a still any
@@ -17,14 +18,17 @@ After calibration and localization, on the recording alone:
   silhouette. The residual is their IoU over the pixels the arm leaves visible. The object
   is unreliable when it was not found, when that IoU is under ``OBJECT_IOU_MIN``, when its
   own colour is absent inside the silhouette (``COLOUR_MIN``), when another object's colour
-  shows there more than its own (``COLOUR_MARGIN``), or when the arm hides most of it.
+  shows there more than its own (``COLOUR_MARGIN``), when the arm hides most of it, or when its position
+  uncertainty (``uncertainty.py``: the calibration's residual, the silhouette fit's sensitivity, how much
+  of it is seen and how clearly, the camera's motion) gives a 95% bound over ``BOUND_M``.
 
 The object thresholds were set on lab recordings scored against the lab's truth (the
 twin never reads it): object placements within 2 cm of the truth gave IoUs of 0.49-0.90 and
 own-colour evidence of 0.17 and up; placements 65-73 cm off (a cube on the edge of a table of
 its own hue) gave 0.17-0.35, and a twin object that the cell does not have gave colour
 evidence under 0.04. At 128 px a cube is 5-9 px wide: the residual catches an object put
-where there is none, not one off by a centimetre or two.
+where there is none, not one off by a centimetre or two; the position uncertainty is what speaks to
+those.
 
 ``check_alignment`` gathers these into the ``self_check`` section of twin_alignment.json
 (copied into alignment_report.json); ``unreliable_message`` says what is wrong by name.
@@ -36,13 +40,13 @@ import numpy as np
 
 from comsim.errors import ComSimError
 from comsim.sim.spec import ObjectSpec
+from comsim.twin.camera_motion import MOVED_MIN_PX
+from comsim.twin.uncertainty import BOUND_M
 from comsim.twin.localize import EvidenceMaps, coverage, silhouette_window
 
 ON_UNRELIABLE = ("refuse", "mark")  # what a replay does with a twin that fails its self-check
 FRAME_IOU_MIN = 0.8  # calibration: frames under this are named; the trusted frames' mean must reach it
-CAMERA_SHIFT_MIN_PX = 0.3  # an episode's scene moved more from the robot-free still: objects localized with the shift
-CAMERA_SHIFT_MAX_PX = 2.0  # ... and past this the camera moved too far since its calibration to trust
-SHIFT_MIN_RESPONSE = 0.2  # phase-correlation peak under which the shift is not measured (the scene changed)
+CAMERA_SHIFT_MAX_PX = 2.0  # an episode's camera moved too far since its calibration to trust
 OBJECT_IOU_MIN = 0.4  # object: silhouette vs observed region
 COLOUR_MIN = 0.1  # object: mean evidence of its own colour inside its silhouette
 VISIBLE_MIN = 0.5  # object: share of its silhouette that the arm leaves visible in the first frames
@@ -113,6 +117,12 @@ def object_verdict(res: dict) -> str | None:
     if res["other_object"] is not None and res["other_colour"] > res["own_colour"] + COLOUR_MARGIN:
         return (f"its silhouette shows {res['other_object']}'s colour ({res['other_colour']:.2f}) more than its own "
                 f"({res['own_colour']:.2f}; margin {COLOUR_MARGIN})")
+    bound = (res.get("uncertainty") or {}).get("bound_95_m")
+    if bound is not None and bound > BOUND_M:
+        parts = res["uncertainty"]["parts_px"]
+        return (f"its position is only known to {100 * bound:.1f} cm (95% bound; threshold {100 * BOUND_M:.0f} cm): "
+                f"{100 * res['uncertainty']['m_per_px']:.1f} cm per pixel there, 1 sd of "
+                + ", ".join(f"{k} {v:.2f}" for k, v in parts.items()) + " px")
     return None
 
 
@@ -132,26 +142,30 @@ def camera_check(calibration: dict) -> dict:
             "reliable": bool(mean >= FRAME_IOU_MIN and len(under) <= len(per_frame) / 2)}
 
 
-def camera_shift_verdict(shift) -> str | None:
-    """Why an episode's camera shift from the calibration stills ([dx, dy, response]) makes it unreliable."""
-    if shift is None or shift[2] < SHIFT_MIN_RESPONSE:
+def camera_shift_verdict(motion) -> str | None:
+    """Why an episode's camera motion since the calibration stills (``camera_motion.summary``) makes it
+    unreliable."""
+    if motion is None:
         return None
-    d = float(np.hypot(shift[0], shift[1]))
+    d = float(np.hypot(*motion["offset_px"]))
     if d <= CAMERA_SHIFT_MAX_PX:
         return None
     return (f"the camera moved by {d:.1f} px since the calibration stills (threshold {CAMERA_SHIFT_MAX_PX} px): "
             "calibrate again")
 
 
-def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]], shifts: dict | None = None) -> dict:
+def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]], motions: dict | None = None) -> dict:
     """The self-check section: ``objects`` {episode: {name: object_residual(...)}} with each
-    object's verdict, the camera's (``calibration``'s per-frame IoU; ``shifts`` {episode: [dx, dy,
-    response]}, how far each episode's static scene moved from the robot-free still), and the
-    unreliable ones listed by name."""
+    object's verdict, the camera's (``calibration``'s per-frame IoU; ``motions`` {episode:
+    ``camera_motion.summary``}, how far each episode's static scene moved from the robot-free still),
+    and the unreliable ones listed by name."""
     cam = camera_check(calibration)
-    shifts = shifts or {}
-    cam["episode_shift_px"] = {str(e): v for e, v in sorted(shifts.items()) if v is not None}
-    cam["episodes_moved"] = {str(e): why for e, v in sorted(shifts.items()) if (why := camera_shift_verdict(v))}
+    motions = motions or {}
+    cam["episode_shift_px"] = {str(e): v["offset_px"] for e, v in sorted(motions.items()) if v is not None}
+    cam["episode_motion"] = {str(e): {k: v[k] for k in ("moved", "offset_px", "drift_px", "residual_px",
+                                                         "offset_sd_px")}
+                             for e, v in sorted(motions.items()) if v is not None}
+    cam["episodes_moved"] = {str(e): why for e, v in sorted(motions.items()) if (why := camera_shift_verdict(v))}
     episodes, unreliable = {}, []
     for e, per_obj in sorted(objects.items()):
         rows = {}
@@ -161,12 +175,14 @@ def check_alignment(calibration: dict, objects: dict[int, dict[str, dict]], shif
                           "reliable": why is None, **({"why": why} if why else {})}
             if why:
                 unreliable.append({"episode": int(e), "object": name, "why": why,
-                                   "silhouette_iou": rows[name].get("silhouette_iou")})
+                                   "silhouette_iou": rows[name].get("silhouette_iou"),
+                                   "bound_95_m": (res.get("uncertainty") or {}).get("bound_95_m")})
         episodes[str(e)] = rows
     out = {"thresholds": {"object_silhouette_iou": OBJECT_IOU_MIN, "object_colour": COLOUR_MIN,
                           "object_visible": VISIBLE_MIN,
                           "object_colour_margin": COLOUR_MARGIN, "camera_frame_iou": FRAME_IOU_MIN,
-                          "camera_shift_compensated_px": CAMERA_SHIFT_MIN_PX, "camera_shift_px": CAMERA_SHIFT_MAX_PX},
+                          "camera_shift_compensated_px": MOVED_MIN_PX, "camera_shift_px": CAMERA_SHIFT_MAX_PX,
+                          "object_bound_95_m": BOUND_M},
            "camera": cam, "objects": episodes, "unreliable_objects": unreliable,
            "reliable": bool(not unreliable and cam["reliable"] is not False and not cam["episodes_moved"])}
     return out
@@ -205,11 +221,11 @@ def log_self_check(check: dict, log=print) -> None:
             f"< {cam['threshold']}")
     for e, why in cam.get("episodes_moved", {}).items():
         log(f"[self-check] UNRELIABLE camera in episode {e}: {why}")
-    moved = {e: v for e, v in cam.get("episode_shift_px", {}).items()
-             if v[2] >= SHIFT_MIN_RESPONSE and np.hypot(v[0], v[1]) >= CAMERA_SHIFT_MIN_PX}
+    moved = {e: v for e, v in cam.get("episode_motion", {}).items() if v["moved"]}
     if moved:
-        log("[self-check] camera moved since the calibration stills (objects localized with the shift): "
-            + ", ".join(f"episode {e} {np.hypot(v[0], v[1]):.1f} px" for e, v in moved.items()))
+        log("[self-check] camera moved since the calibration stills (rendered and localized with its motion): "
+            + ", ".join(f"episode {e} {np.hypot(*v['offset_px']):.2f} px (drift {v['drift_px']:.2f})"
+                        for e, v in moved.items()))
     for u in check["unreliable_objects"]:
         log(f"[self-check] UNRELIABLE {u['object']} in episode {u['episode']}: {u['why']}")
     if check["reliable"]:

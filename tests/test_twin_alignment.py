@@ -1,0 +1,193 @@
+"""The twin lines up with a camera that moved after its calibration, and says how sure it is of each object.
+
+Real lab recordings, real MuJoCo rendering, the lab's truth only to score (the twin never reads it):
+comsim.twin.camera_motion (each frame registered to the robot-free still), the replay following it frame by
+frame, a static camera left exactly as without this step, the position uncertainty
+(comsim.twin.uncertainty) and its place in the self-check and the report. `-m slow`: the sharper
+calibration on cool_studio's stills.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from comsim.io.lerobot import LeRobotDataset  # noqa: E402
+from comsim.lab.pairs import true_calibration  # noqa: E402
+from comsim.sim.spec import load_scene_spec, scene_spec_from_dict  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TWIN = ROOT / "configs" / "twin" / "panda_cell_push.yaml"
+# the built-in lab with its camera bumped after the stills (1.2 px) and drifting (0.4 px) within an episode
+BUMPED = ["look.camera_motion.offset_px=[1.0,-0.7]", "look.camera_motion.drift_px=0.4",
+          "look.camera_motion.drift_period_s=[20.0,30.0]"]
+QUIET = dict(log=lambda *a: None)
+
+
+def record(out: Path, overrides=(), episodes: int = 2, stills: int = 1, seed: int = 0, cell=None) -> Path:
+    from comsim.lab.cell import load_lab_cell
+    from comsim.lab.record import record_dataset
+    return record_dataset("push", episodes=episodes, out=out, seed=seed, cell=load_lab_cell(cell, list(overrides)),
+                          calibration_stills=stills)
+
+
+@pytest.fixture(scope="module")
+def bumped(tmp_path_factory):
+    return record(tmp_path_factory.mktemp("bumped") / "lab", BUMPED, seed=4)
+
+
+@pytest.fixture(scope="module")
+def still_camera(tmp_path_factory):
+    return record(tmp_path_factory.mktemp("static") / "lab", seed=4)
+
+
+def alignment(real: Path) -> dict:
+    """The replay's alignment of ``real`` with the lab's true still camera (calibration is not under test)."""
+    from comsim.twin.replay import align
+    return align(real, load_scene_spec(TWIN), true_calibration(real), **QUIET)
+
+
+# ----------------------------------------------------------------- the camera's motion
+
+
+def test_register_shift_recovers_a_known_sub_pixel_shift(still_camera):
+    from comsim.twin.align import stills_background
+    from comsim.twin.camera_motion import register_shift, shifted_image
+    still = stills_background(still_camera, 128, 128)
+    K = [110.0, 110.0, 63.5, 63.5]
+    moved = shifted_image(still, (0.37, -0.81), K)
+    est = register_shift(still, moved, np.ones(still.shape[:2], bool), K)
+    assert np.allclose(est["shift"], (0.37, -0.81), atol=0.02), est
+
+
+def test_camera_motion_follows_the_lab_camera_and_a_still_one_is_left_alone(bumped, still_camera):
+    """Every frame's shift against the lab's own (px at the image centre): a bumped and drifting camera is
+    followed to a tenth of a pixel; a camera that stood still is not moved at all."""
+    from comsim.lab.twin_truth import camera_motion_vs_truth
+    al = alignment(bumped)
+    m = camera_motion_vs_truth(bumped, al)
+    for e, row in m["episodes"].items():
+        assert row["moved"] and np.hypot(*row["true_mean_px"]) > 0.9, row
+        assert al["camera_motion"][e]["drift_px"] > 0.05, al["camera_motion"][e]  # the drift within it is there
+    assert m["error_px_max"] < 0.25 and m["error_px_rms"] < 0.15, m
+    assert "camera moved" not in json.dumps(al["self_check"]["camera"]["episodes_moved"])  # 1.2 px is not too far
+    al0 = alignment(still_camera)
+    for e, mo in al0["camera_motion"].items():
+        assert not mo["moved"] and np.hypot(*mo["offset_px"]) < 0.1, mo
+    assert al0["episode_K"]["0"] == al0["K"]  # objects localized through the calibrated camera as before
+
+
+def robot_iou(real: Path, paired_episode, e: int) -> float:
+    """Mean IoU of a replayed episode's robot labels with the lab's true masks (4 frames)."""
+    from comsim.io.keys import seg_key
+    from comsim.io.labels import rgb_to_seg
+    from comsim.lab.truth import load_lab_truth
+    from comsim.lab.twin_truth import TrueMasks
+    from comsim.twin.pose_fit import iou
+    tm = TrueMasks(load_lab_truth(real))
+    try:
+        seg = paired_episode.frames[seg_key("front")]
+        ks = np.unique(np.linspace(0, len(seg) - 1, 4).astype(int))
+        return float(np.mean([iou(rgb_to_seg(seg[k]) == 1, tm.mask(e, k, paired_episode.state[k])) for k in ks]))
+    finally:
+        tm.close()
+
+
+def test_replay_follows_a_moved_camera_and_not_a_still_one(bumped, still_camera):
+    """The pairs of a bumped camera sit on the real frames (robot IoU against the true masks well above the same
+    replay through the calibrated camera alone); a camera that stood still gets the same frames as a replay
+    without the camera-motion step."""
+    from comsim.twin.replay import replay_episode
+    al = alignment(bumped)
+    spec = scene_spec_from_dict(al["spec"])
+    ds = LeRobotDataset(bumped)
+    kw = dict(mode="kinematic", channels=("seg",), refine=False)
+    followed = replay_episode(ds, 0, al, spec, **kw)
+    assert followed.provenance.extra["camera_motion_px"]["offset"] == al["camera_motion"]["0"]["offset_px"]
+    fixed = replay_episode(ds, 0, {**al, "camera_motion": {}}, spec, **kw)
+    a, b = robot_iou(bumped, followed, 0), robot_iou(bumped, fixed, 0)
+    assert a > 0.95 and a > b + 0.03, (a, b)
+    al0 = alignment(still_camera)
+    spec0 = scene_spec_from_dict(al0["spec"])
+    ds0 = LeRobotDataset(still_camera)
+    x, y = replay_episode(ds0, 1, al0, spec0, **kw), replay_episode(ds0, 1, {**al0, "camera_motion": {}}, spec0, **kw)
+    assert all(np.array_equal(x.frames[k], y.frames[k]) for k in x.frames)
+    assert "camera_motion_px" not in x.provenance.extra
+
+
+# ----------------------------------------------------------------- the position uncertainty
+
+
+def test_radius_95_holds_95_percent_of_a_2d_normal():
+    from comsim.twin.uncertainty import radius_95
+    rng = np.random.default_rng(0)
+    for cov in (np.diag([1e-4, 1e-4]), np.array([[4e-4, 1e-4], [1e-4, 0.5e-4]]), np.diag([9e-4, 1e-6])):
+        r = radius_95(cov)
+        e = rng.multivariate_normal([0, 0], cov, 200_000)
+        assert np.mean(np.linalg.norm(e, axis=1) <= r) == pytest.approx(0.95, abs=0.003), cov
+
+
+def test_every_object_has_an_uncertainty_from_what_the_twin_knows(bumped, tmp_path):
+    """Each found object carries its position uncertainty (the parts in pixels, the bound) in the self-check,
+    twin_alignment.json and alignment_report.json; scored against the truth in the report's summary."""
+    from comsim.lab.twin_truth import replay_and_score
+    out = replay_and_score(bumped, TWIN, tmp_path / "paired", mode="kinematic", channels=("seg",), refine=False,
+                           calibration=true_calibration(bumped), on_unreliable="mark", **QUIET)
+    rep = json.loads((out / "alignment_report.json").read_text())
+    for per in rep["self_check"]["objects"].values():
+        for r in per.values():
+            u = r["uncertainty"]
+            assert 0.002 < u["bound_95_m"] < 0.05 and set(u["parts_px"]) == {"camera", "fit", "floor", "motion"}, u
+            assert u["parts_px"]["motion"] < 0.1  # the motion was followed: its standard error, not the shift
+    s = rep["summary"]["uncertainty_vs_truth"]
+    assert s["placements"] == 4 and s["with_bound"] == 4 and s["over_limit_trusted"] == [], s
+    assert rep["summary"]["camera_motion_vs_truth"]["error_px_max"] < 0.25
+
+
+def test_the_report_shows_the_motion_and_the_bounds(bumped, tmp_path):
+    from comsim.lab.twin_truth import replay_and_score
+    from comsim.report.html import Report
+    from comsim.report.twin import twin_section
+    run = tmp_path / "run"
+    replay_and_score(bumped, TWIN, run / "paired", mode="kinematic", channels=("seg",), refine=False,
+                     calibration=true_calibration(bumped), on_unreliable="mark", **QUIET)
+    rep = Report(run / "report")
+    twin_section(rep, run)
+    html = rep.write().read_text()
+    for text in ("camera shift from the stills", "(followed)", "red_cube 95% bound", "95% bound holds",
+                 "since the stills as the replay followed it, against the lab"):
+        assert text in html, text
+
+
+# ----------------------------------------------------------------- the sharper calibration
+
+
+@pytest.mark.slow
+def test_sharper_calibration_on_a_cell_whose_masks_lose_the_rim(tmp_path, monkeypatch):
+    """cool_studio's stills give masks that miss the shaded rim of the links (trusted mean IoU under
+    SHARPEN_BELOW_IOU): the sharper stage runs and brings the objects' table positions through the camera
+    closer to the truth; with the stage off, the calibration is the one it always was."""
+    import comsim.twin.calibrate as cal
+    from comsim.lab.truth import load_lab_truth
+    from comsim.sim.camera import project_points
+    from comsim.twin.align import calibrate_stills
+    from comsim.twin.localize import _ray_to_plane
+    real = record(tmp_path / "cool", episodes=1, stills=12, cell=ROOT / "configs" / "lab" / "cool_studio.yaml")
+    spec = load_scene_spec(TWIN)
+    sharp = calibrate_stills(real / "calibration", spec, "front", **QUIET)
+    monkeypatch.setattr(cal, "SHARPEN_BELOW_IOU", 0.0)
+    plain = calibrate_stills(real / "calibration", spec, "front", **QUIET)
+    assert "sharpened" in sharp and "sharpened" not in plain, (sharp.get("sharpened"), plain["mean_iou"])
+    T_true, K = load_lab_truth(real).T_cam_from_base, [110.0, 110.0, 63.5, 63.5]
+
+    def table_error(T):  # how far table points seen by the true camera land through T (m)
+        pts = np.array([[x, y, 0.025] for x in (0.3, 0.45, 0.6) for y in (-0.1, 0.1, 0.25)])
+        uv = project_points(K, T_true, pts)
+        return float(np.mean([np.linalg.norm(_ray_to_plane(K, np.asarray(T), u, 0.025)[:2] - p[:2])
+                              for u, p in zip(uv, pts)]))
+    assert table_error(sharp["T_cam_from_base"]) < table_error(plain["T_cam_from_base"]) - 0.002
