@@ -298,12 +298,10 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             # the twin, light and colour from the tokens. Zero-initialised last layer: starts as the start itself.
             self.head_proj = nn.Linear(dim, pixel_head * pt * head_cells * head_cells)
             c_in = pixel_head + in_channels + sim_channels + 1
-            # per-pixel layers, and one depthwise 3x3 so a pixel sees its neighbours (the camera's blur of an
-            # edge); a full 3x3 convolution at 128x128 cost 2.6x the whole training step here
+            # per-pixel layers only: a head that sees its neighbours learned to blur the arm's edge (a hedge
+            # between where the twin and the real camera put it), so the edge is the twin's, moved by nothing
             hidden = 2 * pixel_head
-            self.head = nn.Sequential(nn.Conv2d(c_in, hidden, 1), nn.SiLU(),
-                                      nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden), nn.SiLU(),
-                                      nn.Conv2d(hidden, 2 * in_channels, 1))
+            self.head = nn.Sequential(nn.Conv2d(c_in, hidden, 1), nn.SiLU(), nn.Conv2d(hidden, 2 * in_channels, 1))
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)
         self.refine = None
