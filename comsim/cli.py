@@ -202,7 +202,7 @@ def _demo(a):
 
     profile = "full" if a.full else a.profile
     seeds = [int(x) for x in a.seeds.split(",") if x.strip()] if a.seeds else None
-    report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin, seeds=seeds)
+    report = run_demo(Path(a.out), profile=profile, cell=a.cell, twin=a.twin, seeds=seeds, on_unreliable=a.on_unreliable)
     print(json.dumps(demo_summary(Path(a.out), report)))  # the last line: one JSON object
 
 
@@ -414,6 +414,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: configs/twin/panda_cell_push.yaml, the lab's cell with its push target)")
     d.add_argument("--seeds", default=None, help="training seeds of the policy experiment's seeded arms, e.g. 0,1,2 "
                    "(each scored on a panel of its own; default: the experiment config's)")
+    d.add_argument("--on-unreliable", choices=["refuse", "mark"], default="refuse",
+                   help="a twin that fails its self-check: refuse (the loop stops at the twin stage, naming what it "
+                        "distrusts) or mark (go on, its episodes marked unreliable)")
     d.set_defaults(func=_demo)
     return p
 

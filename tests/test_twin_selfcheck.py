@@ -213,6 +213,33 @@ def test_cli_flag(default_lab, tmp_path, capsys):
     assert "invalid choice: 'ignore'" in capsys.readouterr().err and not (tmp_path / "o").exists()
 
 
+def test_demo_flag_reaches_the_twin_stage(tmp_path, monkeypatch, capsys):
+    """`comsim demo --on-unreliable mark` hands "mark" to the twin stage (default: "refuse"). The stages
+    around it are replaced by stand-ins that finish at once (the lab recording, and the policy experiment
+    that needs only it); the twin stage's entry point records what it was asked and fails, so the
+    translator and later stages are skipped."""
+    import comsim.pipeline.demo as demo
+    import comsim.pipeline.stages as stages
+    from comsim.cli import main
+
+    asked = []
+
+    def twin_stage(real, twin, paired, summary_path, workers=2, calibration=None, on_unreliable="refuse"):
+        asked.append(on_unreliable)
+        raise UnreliableTwinError("stand-in: the twin stage was reached")
+
+    monkeypatch.setattr(stages, "record_lab", lambda *a, **k: Path(a[0]))
+    monkeypatch.setattr(stages, "align_twin", twin_stage)
+    monkeypatch.setattr(demo, "_policy", lambda p, run: {})
+    for flag, expected in (([], "refuse"), (["--on-unreliable", "mark"], "mark")):
+        assert main(["demo", "--out", str(tmp_path / expected), *flag]) != 0
+        assert "UnreliableTwinError: stand-in" in capsys.readouterr().err
+        assert asked[-1] == expected
+    with pytest.raises(SystemExit):
+        main(["demo", "--out", str(tmp_path / "x"), "--on-unreliable", "ignore"])
+    assert not (tmp_path / "x").exists()
+
+
 # ----------------------------------------------------------------- as a user runs it
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from comsim.config import PANDA_PUSH_CELL, ConfigError, config_file
+from comsim.errors import InputError
 from comsim.io.lock import output_lock
 from comsim.pipeline.run import LoopSettings, StageLog, existing_config, run_loop
 from comsim.run_layout import LAB_RECORD, POLICY, RunLayout
@@ -61,17 +62,24 @@ PROFILES = {
 
 
 def run_demo(out: Path, profile: str | DemoProfile = "small", cell: str | Path | None = None,
-             twin: str | Path | None = None, seeds: list[int] | None = None) -> Path:
+             twin: str | Path | None = None, seeds: list[int] | None = None, on_unreliable: str | None = None) -> Path:
     """Run the loop into the folder ``out``; returns the report's path. ``profile``: a name of PROFILES
     or a DemoProfile; ``cell`` and ``twin`` (YAML paths) replace the profile's; ``seeds``: the policy
-    experiment's training seeds (its config's ``seeds``)."""
+    experiment's training seeds (its config's ``seeds``); ``on_unreliable``: replaces the profile's
+    ``loop.on_unreliable`` (a twin that fails its self-check: "refuse" stops the loop at the twin stage,
+    "mark" replays and marks the episodes concerned)."""
     if isinstance(profile, str):
         if profile not in PROFILES:
             raise ConfigError(f"demo profile {profile!r}: expected one of {sorted(PROFILES)}")
         p, profile_name = PROFILES[profile], profile
     else:
         p, profile_name = profile, "custom"
+    from comsim.twin.selfcheck import ON_UNRELIABLE
+
+    if on_unreliable is not None and on_unreliable not in ON_UNRELIABLE:
+        raise InputError(None, "--on-unreliable", f"one of {ON_UNRELIABLE}", on_unreliable)
     p = replace(p, cell=str(existing_config(cell, "--cell")) if cell is not None else p.cell,
+                loop=p.loop if on_unreliable is None else replace(p.loop, on_unreliable=on_unreliable),
                 twin=str(existing_config(twin, "--twin")) if twin is not None else p.twin,
                 policy_overrides=(*p.policy_overrides, *([f"seeds=[{','.join(map(str, seeds))}]"] if seeds else [])))
     out = Path(out)
