@@ -105,6 +105,11 @@ def score(paired: Path, real, per_ep: int, n_overlays: int, overlay_dir: Path, l
         report["self_check"] = check
     report["summary"] = {"mean_robot_iou_vs_derived_masks":
                          float(np.mean([x["robot_iou_vs_derived_masks"] for x in report["episodes"]]))}
+    prints = [x["object_print_coverage"] for x in report["episodes"] if "object_print_coverage" in x]
+    if prints:  # per object: the mean print coverage over the episodes, and the colour fit's (episode 0)
+        report["summary"]["object_print_coverage_mean"] = {
+            n: float(np.mean([p[n] for p in prints if n in p])) for n in sorted({n for p in prints for n in p})}
+        report["prints_in_colour_fit"] = al["colors"].get("prints")
     log(f"[report] {json.dumps(report['summary'])}")
     return report
 
@@ -115,6 +120,9 @@ def _episode_self_check(check: dict, real_episode: int) -> dict:
     if per is None:
         return {}
     out = {"object_silhouette_iou": {n: r.get("silhouette_iou") for n, r in per.items()}}
+    prints = {n: r["print_coverage"] for n, r in per.items() if "print_coverage" in r}
+    if prints:  # the share of each object's face pixels that show a print (prints.py)
+        out["object_print_coverage"] = prints
     bad = {n: r["why"] for n, r in per.items() if not r.get("reliable", True)}
     if bad:
         out["unreliable_objects"] = bad

@@ -73,11 +73,13 @@ def _render_rgb(scene: Scene, camera: str, width: int, height: int) -> np.ndarra
 
 
 def estimate_colors(spec: SceneSpec, camera: str, image: np.ndarray, arm_qpos, gripper_width: float,
-                    object_poses: dict | None = None, valid: np.ndarray | None = None) -> dict:
+                    object_poses: dict | None = None, valid: np.ndarray | None = None, body: dict | None = None) -> dict:
     """Colours that make the twin's view of ``image`` (pinhole, the aligned camera) match it.
 
     ``arm_qpos`` / ``gripper_width``: the robot's state in that frame; ``object_poses``:
-    {name: (pos, quat)} localized in it; ``valid`` (H, W): pixels that may be used.
+    {name: (pos, quat)} localized in it; ``valid`` (H, W): pixels that may be used; ``body``: {name: (H, W)
+    bool} the pixels of an object that show its body colour (``prints.body_pixels``): its colour is matched
+    on those of them inside its (uneroded) region instead, when there are at least four.
     Returns {"table", "wall", "floor": rgba, "robot_tint": rgb, "objects": {name: rgba},
     "residual": per-region mean abs difference (0-255) after matching}.
     """
@@ -90,6 +92,11 @@ def estimate_colors(spec: SceneSpec, camera: str, image: np.ndarray, arm_qpos, g
         scene.reset(arm_qpos=arm_qpos, object_poses=object_poses)
         scene.set_robot_qpos(arm_qpos, gripper_width)
         regions = region_masks(scene, camera, W, H)
+        if body:
+            whole = region_masks(scene, camera, W, H, erode_px=0)
+            for name, m in body.items():
+                if name in whole and (whole[name] & m).sum() >= 4:
+                    regions[name] = whole[name] & m
         if valid is not None:
             regions = {n: m & valid for n, m in regions.items()}
         observed = _region_means(image, regions)

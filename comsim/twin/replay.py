@@ -63,6 +63,7 @@ from comsim.twin.frames import CalibrationDataError, undistort, undistort_maps
 from comsim.twin.camera_motion import episode_motion, shifted_image
 from comsim.twin.camera_motion import summary as motion_summary
 from comsim.twin.localize import EvidenceMaps, localize_objects, object_px
+from comsim.twin.prints import body_pixels
 from comsim.io.files import atomic_output, write_json
 from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, claim_output, is_inside
@@ -143,14 +144,27 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
     return out
 
 
+def object_fit(calibration: dict) -> dict:
+    """How the objects' poses are fitted (``localize.localize_objects``' ``fit``), and why: "painted" (the
+    pixels themselves: unbiased) where the calibration was sharpened, "evidence" (the thresholded evidence
+    map) elsewhere. Both are for one reason: the stills said the cell is hard (``calibrate.sharpen``); the
+    evidence fit places cubes farther than they are (0.1-0.65 px on the lab cells), and the unsharpened
+    calibration's error partly cancelled that (the workshop's objects were 0.89 cm off on average with it,
+    1.15 cm with the sharpened camera and the evidence fit, 0.65 cm with the painted fit). Where the
+    calibration is not sharpened (the built-in lab) the placements, and so its pairs, stay as they were."""
+    if (calibration or {}).get("sharpened"):
+        return {"fit": "painted", "why": "the calibration was sharpened (its stills' IoU was low)"}
+    return {"fit": "evidence", "why": "the calibration was not sharpened"}
+
+
 def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background,
-                         motion: dict | None = None) -> dict:
+                         motion: dict | None = None, fit: str = "evidence") -> dict:
     """Episode ``e``'s objects from its first frames in the aligned twin ``spec`` (its camera):
     {"image", "state" (first row), "found" (``localize_objects``), "residual" (``selfcheck.object_residual``
     of each found object; the twin's own check, no truth), "K" (the episode's), "evidence" (the first frames'
     ``EvidenceMaps``)}. When the episode's camera moved since the stills (``motion``, ``episode_camera_motion``),
     objects are localized with the principal point moved by the first frames' shift and against the still
-    moved by it."""
+    moved by it. ``fit``: ``localize_objects``'."""
     c = spec.camera(cam)
     K, T = np.asarray(c.K, np.float64), np.asarray(c.T_cam_from_base)
     ep = ds.read_window(e, 0, min(FIRST_FRAMES, ds.episode_length(e)), cameras=[cam])
@@ -164,14 +178,21 @@ def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, 
     excl = robot_exclusion(spec, cam, ep.state[0, :7], float(ep.state[0, 7]), K=excl_K)
     colors = {o.name: list(o.rgba) for o in spec.objects}
     found = localize_objects(img, spec.objects, K, T, robot_mask=excl, colors=colors, background=background,
-                             table=spec.table)
+                             table=spec.table, fit=fit)
     ev = EvidenceMaps(img, colors, max((object_px(o, K, T) for o in spec.objects), default=8.0), background, excl)
     residual = {o.name: (object_residual(ev, o, (found[o.name]["pos"][0], found[o.name]["pos"][1],
                                                  found[o.name]["yaw"]), K, T)
                          if found[o.name]["found"] else {"not_found": True})
                 for o in spec.objects}
+    prints = {}
+    if fit == "painted":  # which pixels show each object's body colour, and what a print covers (prints.py)
+        for o in spec.objects:
+            g = found[o.name]
+            if g["found"] and (b := body_pixels(ev, o, (g["pos"][0], g["pos"][1], g["yaw"]), K, T, o.rgba)):
+                prints[o.name] = b
+                residual[o.name]["print_coverage"] = b["print_coverage"]
     return {"image": img, "state": ep.state[0], "found": found, "residual": residual, "K": [float(v) for v in K],
-            "evidence": ev}
+            "evidence": ev, "prints": prints}
 
 
 # ----------------------------------------------------------------- alignment
@@ -216,17 +237,22 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
     motions = camera_motions(ds, spec, al)
     # episode 0's objects give the colours (seen through its camera, which may have moved since the stills);
     # every episode's are localized and checked by self_check_alignment
-    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H), motions[0])
+    fit = object_fit(calib)
+    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H), motions[0], fit["fit"])
     seen = aligned if first_shift(motions[0]) is None else aligned_spec(spec, cam, T, f0["K"], W, H)
     colors = estimate_colors(seen, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
                              object_poses(f0["found"], aligned),
-                             valid=None if maps is None else _valid_after_undistort(maps))
+                             valid=None if maps is None else _valid_after_undistort(maps),
+                             body={n: b["body"] for n, b in f0["prints"].items()} or None)
+    if f0["prints"]:  # what the objects' colours were matched on
+        colors["prints"] = {n: {k: b[k] for k in ("print_coverage", "face_pixels", "print_pixels")}
+                            for n, b in f0["prints"].items()}
     final = aligned_spec(spec, cam, T, K, W, H, colors)
     log(f"[replay] aligned: camera from {calib['source']}, colour residuals "
         f"{ {k: round(v, 1) for k, v in colors['residual'].items()} }")
     al = {"real": str(real), **al, "calibration": calib, "colors": colors, "input_spec_hash": spec_hash(spec),
           "nominal_object_rgba": {o.name: list(o.rgba) for o in spec.objects},
-          "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final)}
+          "spec": dataclasses.asdict(final), "spec_hash": spec_hash(final), "object_fit": fit}
     al.update(self_check_alignment(ds, spec, al, motions))
     return al
 
@@ -485,7 +511,8 @@ def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict, motions:
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
     bg = stills_background(ds.root, W, H)
     motions = camera_motions(ds, spec, al) if motions is None else motions
-    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg, motions[e]) for e in range(len(ds))}
+    fit = object_fit(al["calibration"])["fit"]
+    firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg, motions[e], fit) for e in range(len(ds))}
     placed = {e: {o.name: o for o in aligned.objects} for e in firsts}
     clarity = recording_clarity([f["residual"] for f in firsts.values()])
     for e, f in firsts.items():  # each found object's position uncertainty (uncertainty.py)
@@ -496,7 +523,7 @@ def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict, motions:
             g = f["found"][name]
             res["uncertainty"] = object_uncertainty(f["evidence"], placed[e][name], (g["pos"][0], g["pos"][1], g["yaw"]),
                                                     np.asarray(f["K"]), T, res["visible"], clarity,
-                                                    al["calibration"], motions[e])
+                                                    al["calibration"], motions[e], fit)
     return {"camera_motion": {str(e): m for e, m in motions.items() if m is not None},
             "objects": {str(e): f["found"] for e, f in firsts.items()},
             "episode_K": {str(e): f["K"] for e, f in firsts.items()},

@@ -10,18 +10,23 @@ the object's (x, y) on the table:
    silhouettes' contours lie from the masks' edges: a silhouette off by that much at the arm moves the
    object's image by about as much) and the frames' disagreement about the pose
    (``pose_fit.pose_covariance``), through the object's ray to the table;
-2. the silhouette fit: its sensitivity (a Laplace approximation of ``localize.fit_pose``'s loss at the
-   placement: the loss's curvature over the pixels the arm leaves visible, scaled by its residual per
-   pixel) and a floor for what the fit's residual does not see (a side in shadow, a printed face, the
-   shadow a cube casts), larger when the arm hides part of the object and when the recording shows the
-   objects' colours less clearly (``recording_clarity``);
+2. the silhouette fit: its sensitivity (a Laplace approximation of the fit's loss at the placement: the
+   loss's curvature over the pixels the arm leaves visible, scaled by its residual per pixel) and a floor
+   for what the fit's residual does not see, larger when the arm hides part of the object. For the
+   evidence fit (``localize.fit_pose``) the floor stands for a side in shadow, a printed face, the shadow
+   a cube casts, and grows where the recording shows the objects' colours less clearly
+   (``recording_clarity``); for the painted fit (``localize.fit_pose_painted``, which models faces, prints
+   and shadows) it stands for what is left: the part of the camera's error its residuals do not show and
+   the faces' shading across them, the same in every cell (``PAINTED_FLOOR_PX``);
 3. the camera's motion since the stills (``camera_motion``): the shift's standard error when the episode
    was corrected, the shift itself when it was not.
 
-The scales (``CAMERA_SCALE``, ``FIT_SCALE``, ``FIT_FLOOR_PX``, ``CLARITY_POWER``) were set on lab recordings
-that the results page does not score (seed 100 of the three lab cells, 10 episodes each;
-docs/results/2026-12-06-twin-alignment-and-uncertainty.md): the largest share of placements whose bound holds
-on cool_studio and the workshop while no placement of the built-in lab is flagged. The twin never reads a truth.
+The scales were set on lab recordings that the results page does not score (seed 100 of the three lab cells,
+10 episodes each; docs/results/2026-12-06-twin-alignment-and-uncertainty.md). ``CAMERA_SCALE``, ``FIT_SCALE``,
+``FIT_FLOOR_PX``, ``CLARITY_POWER`` (the evidence fit): the largest share of placements whose bound holds on
+cool_studio and the workshop while no placement of the built-in lab is flagged. ``PAINTED_FLOOR_PX``: the middle
+of the range of floors (0.23-0.30 px) that give cool_studio's and the workshop's painted placements the best
+coverage (39 of 40) with at most 10% of those within ``BOUND_M`` flagged. The twin never reads a truth.
 """
 from __future__ import annotations
 
@@ -30,7 +35,8 @@ import numpy as np
 
 from comsim.sim.camera import project_points
 from comsim.sim.spec import ObjectSpec
-from comsim.twin.localize import EvidenceMaps, _ray_to_plane, coverage, silhouette_window
+from comsim.twin.localize import (EvidenceMaps, _ray_to_plane, coverage, face_coverage, painted, silhouette_window,
+                                  visible_sides)
 from comsim.twin.pose_fit import perturb
 
 BOUND_M = 0.02  # an object whose 95% position bound crosses this is not trusted
@@ -38,6 +44,7 @@ CAMERA_SCALE = 0.5  # the calibration's contour residual (px) -> 1 sd of the obj
 FIT_SCALE = 0.25  # the silhouette fit's Laplace covariance -> its share of the variance
 FIT_FLOOR_PX = 0.06  # 1 sd (px) of what the fit's residual does not see, for a wholly visible object of clarity 1
 CLARITY_POWER = 2.0  # ... divided by the recording's clarity to this power
+PAINTED_FLOOR_PX = 0.265  # the painted fit's floor: 1 sd (px) for a wholly visible object
 STEPS = (0.001, 0.001, 0.02)  # finite differences of the fit's pose (m, m, rad)
 
 
@@ -94,6 +101,34 @@ def fit_covariance(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> np.ndarra
     return (s2 * np.linalg.pinv(J.T @ J))[:2, :2]
 
 
+def painted_covariance(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T) -> np.ndarray | None:
+    """(2, 2) covariance (m^2) of the painted fit's (x, y) at ``pose`` (``localize.fit_pose_painted``): the
+    Gauss-Newton curvature of its loss over the pixels near the object that the arm leaves visible (the faces'
+    colours held at their fit, each pixel at its robust weight), times the weighted residual per value. None
+    when the silhouette is outside the image or no still was registered."""
+    H, W = maps.img.shape[:2]
+    win = silhouette_window(obj, pose, K, T, W, H)
+    if win is None or maps.background is None:
+        return None
+    x0, y0, x1, y1 = win
+    sides = visible_sides(obj, pose, T)
+    fit = painted(maps, obj, pose, K, T, win, sides)
+    free, colours = fit["pixels"], fit["colours"]
+    if free.sum() < 6:
+        return None
+    still = maps.background[y0:y1, x0:x1][free].astype(np.float64)
+
+    def image(p):
+        A = np.stack([c[free] for c in face_coverage(obj, tuple(p), K, T, win, sides)], 1)
+        return (still * (1.0 - A.sum(1))[:, None] + A @ colours).ravel()
+
+    p0 = np.asarray(pose, np.float64)
+    J = np.stack([(image(p0 + e * s) - image(p0 - e * s)) / (2 * s) for e, s in zip(np.eye(3), STEPS)], 1)
+    w = np.repeat(fit["weight"], 3)
+    s2 = float((fit["weight"] * fit["r2"]).sum()) / max(3 * len(fit["r2"]) - 3, 1)
+    return (s2 * np.linalg.pinv((J * w[:, None]).T @ J))[:2, :2]
+
+
 def radius_95(cov: np.ndarray) -> float:
     """The radius of the disc around the mean that holds 95% of a 2-D normal with covariance ``cov``."""
     lam = np.clip(np.linalg.eigvalsh(np.asarray(cov, np.float64)), 1e-18, None)
@@ -120,7 +155,7 @@ def recording_clarity(residuals: list[dict]) -> float:
 
 
 def object_uncertainty(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T, visible: float, clarity: float,
-                       calibration: dict | None, motion: dict | None) -> dict:
+                       calibration: dict | None, motion: dict | None, fit: str = "evidence") -> dict:
     """The position uncertainty of ``obj`` placed at ``pose`` (x, y, yaw) from the first frames' evidence
     ``maps`` (nothing claimed) through the episode's camera (``K``, ``T``): {"sd_m" (x, y), "cov_m2",
     "bound_95_m", "parts_px" (each part's 1 sd in pixels: camera, fit, floor, motion), "m_per_px", "parts_m2"
@@ -129,13 +164,19 @@ def object_uncertainty(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T, visible:
     ``visible``: the share of its silhouette the arm leaves visible; ``clarity``: the recording's
     (``recording_clarity``); ``calibration``: the alignment's
     (its ``contour_residual_px`` and ``pose_covariance``; a calibration given without them adds no camera
-    part); ``motion``: the episode's ``camera_motion.summary`` (None: no robot-free still to measure it)."""
+    part); ``motion``: the episode's ``camera_motion.summary`` (None: no robot-free still to measure it);
+    ``fit``: how the placement was fitted (``localize.localize_objects``)."""
     J_px = table_per_pixel(obj, pose, K, T)
     per_px = J_px @ J_px.T
     parts = {"per_px2": per_px, "pose": np.zeros((2, 2)), "fit": np.zeros((2, 2))}
     calibration = calibration or {}
     camera_px = CAMERA_SCALE * float(calibration.get("contour_residual_px") or 0.0)
-    floor_px = FIT_FLOOR_PX / np.sqrt(max(float(visible), 0.1)) / max(float(clarity), 0.1) ** CLARITY_POWER
+    painted_fit = fit == "painted" and maps.background is not None
+    if painted_fit:
+        floor_px, fit_scale = PAINTED_FLOOR_PX / np.sqrt(max(float(visible), 0.1)), 1.0
+    else:
+        floor_px = FIT_FLOOR_PX / np.sqrt(max(float(visible), 0.1)) / max(float(clarity), 0.1) ** CLARITY_POWER
+        fit_scale = FIT_SCALE
     motion_px = 0.0
     if motion is not None:
         motion_px = float(motion["offset_sd_px"]) if motion["moved"] else float(np.hypot(*motion["offset_px"]))
@@ -143,11 +184,11 @@ def object_uncertainty(maps: EvidenceMaps, obj: ObjectSpec, pose, K, T, visible:
     if np.all(np.isfinite(C_pose)):
         J_pose = table_per_pose(obj, pose, K, T)
         parts["pose"] = J_pose @ C_pose @ J_pose.T
-    fit = fit_covariance(maps, obj, pose, K, T)
-    if fit is not None:
-        parts["fit"] = fit
-    fit_px = float(FIT_SCALE * np.sqrt(np.trace(parts["fit"]) / max(np.trace(per_px), 1e-12)))
-    cov = per_px * (camera_px ** 2 + floor_px ** 2 + motion_px ** 2) + parts["pose"] + FIT_SCALE ** 2 * parts["fit"]
+    laplace = painted_covariance(maps, obj, pose, K, T) if painted_fit else fit_covariance(maps, obj, pose, K, T)
+    if laplace is not None:
+        parts["fit"] = laplace
+    fit_px = float(fit_scale * np.sqrt(np.trace(parts["fit"]) / max(np.trace(per_px), 1e-12)))
+    cov = per_px * (camera_px ** 2 + floor_px ** 2 + motion_px ** 2) + parts["pose"] + fit_scale ** 2 * parts["fit"]
     return {"sd_m": [float(v) for v in np.sqrt(np.diag(cov))], "cov_m2": np.asarray(cov).round(10).tolist(),
             "bound_95_m": radius_95(cov),
             "parts_px": {"camera": round(camera_px, 3), "fit": round(fit_px, 3), "floor": round(float(floor_px), 3),
