@@ -1,5 +1,5 @@
-"""The twin against the lab's hidden truth: a full replay of the built-in lab, or its object placements
-and their position uncertainty on several cells.
+"""The twin against the lab's hidden truth: a full replay of the built-in lab, its object placements and their
+position uncertainty on several cells, the object fits alone with the lab's camera, or printed cubes' colours.
 
     # record N scripted episodes of the built-in lab, replay them (camera from the episodes' own frames)
     MUJOCO_GL=egl nice python bench/twin_lab.py [--task push] [--episodes 10] [--out runs/bench_twin]
@@ -8,6 +8,16 @@ and their position uncertainty on several cells.
     # the twin's 95% bound: alignment only (calibration, camera motion, localization, self-check), no replay
     MUJOCO_GL=egl nice python bench/twin_lab.py placements --cells default cool_studio workshop \\
         --seeds 0 --episodes 15 --out runs/bench_placements [--recording workshop:0=runs/ws_lab ...]
+
+    # the localizer alone, with the lab's TRUE camera: each object fit (evidence, painted) on the recordings given,
+    # its placements' error and their mean offset in the image (px; v < 0: placed farther from the camera)
+    MUJOCO_GL=egl nice python bench/twin_lab.py fits --recording workshop=runs/ws_lab cool_studio=runs/cool_lab \
+        default=runs/lab_table/lab --out runs/bench_fits
+
+    # printed cubes: the workshop cell with plain cubes, its own prints (a lettered label, a logo), a fine checker
+    # and coarse prints, with the lab's true camera and poses: per episode the print coverage the twin finds and
+    # how far each printed cube's fitted colour lies from the plain cube's (fitted on all its pixels / on its body)
+    MUJOCO_GL=egl nice python bench/twin_lab.py prints --episodes 4 --out runs/bench_prints
 
     # the calibration plot of a placements run (needs matplotlib): predicted 95% bound against actual error
     python bench/twin_lab.py plot runs/bench_placements/placements.json docs/results/FIGURE.png
@@ -121,6 +131,124 @@ def placements_main(argv=None) -> dict:
     return result
 
 
+def fits_main(argv=None) -> dict:
+    import numpy as np
+
+    from comsim.config import PANDA_PUSH_CELL
+    from comsim.io.files import write_json
+    from comsim.io.lerobot import LeRobotDataset
+    from comsim.lab.twin_truth import true_first_frames
+    from comsim.sim.camera import project_points
+    from comsim.sim.spec import load_scene_spec
+    from comsim.twin.localize import FITS, localize_objects
+
+    ap = argparse.ArgumentParser(description="the object fits with the lab's true camera, against the truth")
+    ap.add_argument("fits")
+    ap.add_argument("--recording", nargs="+", required=True, help="NAME=DIR: a lab recording with calibration stills")
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_fits"))
+    a = ap.parse_args(argv)
+    spec = load_scene_spec(PANDA_PUSH_CELL)
+    out = {"bench": "twin_fits", "camera": "the lab's true camera of each episode", "recordings": {}}
+    for name, real in (r.split("=", 1) for r in a.recording):
+        rows = []
+        for e in range(len(LeRobotDataset(real))):
+            f = true_first_frames(real, e, spec)
+            for fit in FITS:
+                found = localize_objects(f["image"], spec.objects, f["K"], f["T"], robot_mask=f["arm"],
+                                         background=f["still"], table=spec.table, fit=fit)
+                for o in spec.objects:
+                    g, (x, y, _) = found[o.name], f["poses"][o.name]
+                    if not g["found"]:
+                        rows.append({"fit": fit, "object": o.name, "error_m": None})
+                        continue
+                    uv = project_points(f["K"], f["T"], np.array([[x, y, o.half_height],
+                                                                  [g["pos"][0], g["pos"][1], o.half_height]]))
+                    rows.append({"fit": fit, "object": o.name, "error_m": float(np.hypot(g["pos"][0] - x, g["pos"][1] - y)),
+                                 "offset_px": (uv[1] - uv[0]).tolist()})
+        per = out["recordings"][name] = {"recording": str(real)}
+        for fit in FITS:
+            for o in [*spec.objects, None]:
+                sel = [r for r in rows if r["fit"] == fit and (o is None or r["object"] == o.name)]
+                ok = [r for r in sel if r["error_m"] is not None]
+                err = np.array([r["error_m"] for r in ok])
+                per[f"{fit}/{'all' if o is None else o.name}"] = {
+                    "placements": len(sel), "not_found": len(sel) - len(ok),
+                    "error_cm_mean": round(100 * float(err.mean()), 2), "error_cm_max": round(100 * float(err.max()), 2),
+                    "over_2cm": int((err > 0.02).sum()),
+                    "offset_px_mean": np.mean([r["offset_px"] for r in ok], 0).round(3).tolist()}
+        print(json.dumps({name: per}), flush=True)
+    write_json(out, a.out / "fits.json", indent=1)
+    print(json.dumps(out))
+    return out
+
+
+PRINTS = {  # the workshop cell's prints (look.prints), by variant
+    "plain": "{}",
+    "workshop": None,  # as configs/lab/workshop.yaml has them: a lettered label on red, a logo on blue
+    "fine_checker": "{red_cube: {pattern: label, rgb: [0.93, 0.92, 0.86], text: ACME, coverage: 0.25}, "
+                    "blue_cube: {pattern: checker, rgb: [0.95, 0.95, 0.92], count: 3}}",
+    "coarse": "{red_cube: {pattern: two_tone, rgb: [0.93, 0.92, 0.86], coverage: 0.4}, "
+              "blue_cube: {pattern: checker, rgb: [0.95, 0.95, 0.92], count: 2}}",
+}
+
+
+def prints_main(argv=None) -> dict:
+    import numpy as np
+
+    from comsim.config import PANDA_PUSH_CELL
+    from comsim.io.files import write_json
+    from comsim.lab.cell import load_lab_cell
+    from comsim.lab.record import record_dataset
+    from comsim.lab.twin_truth import true_first_frames
+    from comsim.sim.scene import yaw_quat
+    from comsim.sim.spec import load_scene_spec
+    from comsim.twin.align import aligned_spec
+    from comsim.twin.colors import estimate_colors
+    from comsim.twin.localize import EvidenceMaps
+    from comsim.twin.prints import body_pixels
+
+    ap = argparse.ArgumentParser(description="printed cubes' colours and print coverage against plain ones")
+    ap.add_argument("prints")
+    ap.add_argument("--episodes", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=Path("runs/bench_prints"))
+    a = ap.parse_args(argv)
+    spec = load_scene_spec(PANDA_PUSH_CELL)
+    rows = {}
+    for variant, prints in PRINTS.items():
+        real = a.out / variant / "lab"
+        if not real.is_dir():
+            cell = load_lab_cell(CELLS["workshop"], [] if prints is None else [f"look.prints={prints}"])
+            record_dataset("push", episodes=a.episodes, out=real, seed=a.seed, cell=cell, calibration_stills=1)
+        for e in range(a.episodes):
+            f = true_first_frames(real, e, spec)
+            maps = EvidenceMaps(f["image"], {o.name: o.rgba for o in spec.objects}, 8.0, f["still"], f["arm"])
+            found = {o.name: body_pixels(maps, o, f["poses"][o.name], f["K"], f["T"], o.rgba) for o in spec.objects}
+            poses = {n: (np.array([x, y, 0.025]), yaw_quat(w)) for n, (x, y, w) in f["poses"].items()}
+            seen = aligned_spec(spec, "front", f["T"], f["K"], f["image"].shape[1], f["image"].shape[0])
+            for mode, body in (("all", None), ("body", {n: b["body"] for n, b in found.items() if b and b["print_pixels"]})):
+                c = estimate_colors(seen, "front", f["image"], f["state"][:7].astype(np.float64), float(f["state"][7]),
+                                    poses, body=body)
+                for o in spec.objects:
+                    row = rows.setdefault((variant, e, o.name), {"print_coverage": (found[o.name] or {}).get(
+                        "print_coverage")})
+                    row[f"rgb_{mode}"] = [round(float(v), 3) for v in c["objects"][o.name][:3]]
+    out = {"bench": "twin_prints", "episodes": a.episodes, "seed": a.seed, "variants": {}}
+    for variant in PRINTS:
+        per = out["variants"][variant] = {}
+        for o in spec.objects:
+            r = [rows[(variant, e, o.name)] for e in range(a.episodes)]
+            plain = [rows[("plain", e, o.name)] for e in range(a.episodes)]
+            per[o.name] = {"print_coverage": [x["print_coverage"] for x in r],
+                           "rgb_body": [x["rgb_body"] for x in r],
+                           **{f"off_plain_{m}": round(float(np.mean([np.linalg.norm(np.subtract(x[f"rgb_{m}"], p[f"rgb_{m}"]))
+                                                                     for x, p in zip(r, plain)])), 3)
+                              for m in ("all", "body")}}
+    write_json(out, a.out / "prints.json", indent=1)
+    print(json.dumps(out))
+    return out
+
+
 def plot_main(argv=None) -> dict:
     """Predicted 95% bound against actual error, one marker per placement: a bound holds below the diagonal."""
     ap = argparse.ArgumentParser(description="calibration plot of a placements run")
@@ -136,7 +264,7 @@ def plot_main(argv=None) -> dict:
         raise SystemExit("bench/twin_lab.py plot: needs matplotlib (pip install matplotlib)") from None
     rows = [r for r in json.loads(a.placements.read_text())["placements"] if r["bound_95_m"] is not None]
     fig, ax = plt.subplots(figsize=(5.2, 5.0), dpi=120)
-    lim = 100 * max(max(r["bound_95_m"] for r in rows), max(r["error_m"] for r in rows)) * 1.05
+    lim = max(100 * max(max(r["bound_95_m"] for r in rows), max(r["error_m"] for r in rows)) * 1.05, 2.2)  # 2 cm in view
     colours = {"default": "#4c72b0", "cool_studio": "#55a868", "workshop": "#c44e52"}
     for cell in colours:
         for flagged, marker in ((False, "o"), (True, "x")):
@@ -170,6 +298,10 @@ def main(argv=None) -> dict:
         return placements_main(args)
     if args and args[0] == "plot":
         return plot_main(args)
+    if args and args[0] == "prints":
+        return prints_main(args)
+    if args and args[0] == "fits":
+        return fits_main(args)
     return replay_main(args)
 
 

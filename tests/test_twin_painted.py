@@ -40,30 +40,10 @@ def workshop(tmp_path_factory):
 
 
 def first_frames(real: Path, e: int):
-    """Episode ``e``'s first frames (undistorted), the robot-free still as the lab's camera of that episode
-    saw it, the arm's pixels, and the lab's camera and objects there: (image, still, arm, K, T, {name: (x, y,
-    yaw)})."""
-    from comsim.io.lerobot import LeRobotDataset
-    from comsim.lab.truth import load_lab_truth
-    from comsim.lab.twin_truth import _yaw, true_image_shift
-    from comsim.twin.align import dataset_intrinsics, stills_background
-    from comsim.twin.camera_motion import shifted_image
-    from comsim.twin.frames import undistort_maps
-    from comsim.twin.replay import FIRST_FRAMES, first_image, robot_exclusion
-    from comsim.twin.align import aligned_spec
-
-    spec = load_scene_spec(TWIN)
-    truth, ds = load_lab_truth(real), LeRobotDataset(real)
-    K, dist = dataset_intrinsics(real, spec, "front", 128, 128)
-    tr = truth.trajectory(e)
-    T = tr["camera_T_cam_from_base"][0] if "camera_T_cam_from_base" in tr else truth.T_cam_from_base
-    still = shifted_image(stills_background(real, 128, 128), true_image_shift(truth.T_cam_from_base, T, K), K)
-    ep = ds.read_window(e, 0, FIRST_FRAMES, cameras=["front"])
-    img = first_image(ep, "front", undistort_maps(K, dist, 128, 128))
-    arm = robot_exclusion(aligned_spec(spec, "front", T, K, 128, 128), "front", ep.state[0, :7], float(ep.state[0, 7]))
-    poses = {str(n): (p[0], p[1], _yaw(q)) for n, p, q in zip(tr["object_names"], tr["object_pos"][0],
-                                                              tr["object_quat"][0])}
-    return img, still, arm, np.asarray(K, np.float64), np.asarray(T), poses
+    """(image, still, arm, K, T, {name: (x, y, yaw)}) of episode ``e`` with the lab's true camera."""
+    from comsim.lab.twin_truth import true_first_frames
+    f = true_first_frames(real, e, load_scene_spec(TWIN))
+    return f["image"], f["still"], f["arm"], f["K"], f["T"], f["poses"]
 
 
 def test_painted_fit_has_no_farther_bias(workshop):
@@ -142,7 +122,7 @@ def test_a_resolved_print_is_found_and_kept_out_of_the_colour_fit(tmp_path):
             coverage[name] = b["print_coverage"]
             poses = {n: (np.array([x, y, 0.025]), yaw_quat(w)) for n, (x, y, w) in truth.items()}
             state = LeRobotDataset(real)[e].state[0]
-            for mode, body in (("all", None), ("body", {"red_cube": b["body"]})):
+            for mode, body in (("all", None), ("body", {"red_cube": b["body"]} if b["print_pixels"] else None)):
                 c = estimate_colors(aligned_spec(spec, "front", T, K, 128, 128), "front", img,
                                     state[:7].astype(np.float64), float(state[7]), poses, body=body)
                 colour[(name, mode)] = np.asarray(c["objects"]["red_cube"][:3])

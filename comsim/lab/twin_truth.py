@@ -27,10 +27,14 @@ from comsim.lab.env import LabEnv
 from comsim.lab.truth import TRUTH_FILE, LabTruth, load_lab_truth
 from comsim.sim.camera import as_K
 from comsim.sim.spec import scene_spec_from_dict
+from comsim.twin.align import aligned_spec, camera_key, dataset_intrinsics, stills_background
 from comsim.twin.alignment_report import sampled_frames
+from comsim.twin.camera_motion import shifted_image
+from comsim.twin.frames import undistort_maps
 from comsim.twin.localize import symmetry, yaw_error
 from comsim.twin.overlay import write_overlay
 from comsim.twin.pose_fit import iou, pose_error
+from comsim.twin.replay import FIRST_FRAMES, first_image, robot_exclusion
 
 REPORT_FILE = "alignment_report.json"
 
@@ -174,6 +178,28 @@ def true_image_shift(T_still: np.ndarray, T_frame: np.ndarray, K) -> np.ndarray:
     X = -R0.T @ t0 + R0.T @ np.array([0.0, 0.0, 100.0])
     p = T_frame[:3, :3] @ X + T_frame[:3, 3]
     return np.array([fx * p[0] / p[2], fy * p[1] / p[2]])
+
+
+def true_first_frames(real, e: int, spec) -> dict:
+    """Episode ``e``'s first frames of the lab recording ``real`` as the twin localizes objects in them
+    (``replay.first_image``: undistorted, the median of the first frames) with the lab's TRUE camera of that
+    episode, to test localization and colours without calibration: {"image", "still" (the robot-free still as
+    that camera saw it), "arm" (the arm's pixels, dilated), "K", "T", "state" (the first row), "poses" {name:
+    (x, y, yaw)} the objects' true first poses}. ``spec``: the twin's nominal spec (its camera's size)."""
+    truth, ds = load_lab_truth(real), LeRobotDataset(real)
+    cam = camera_key(ds)
+    H, W = ds.features[f"observation.images.{cam}"]["shape"][:2]
+    K, dist = dataset_intrinsics(Path(real), spec, cam, W, H)
+    K = np.asarray(as_K(K), np.float64)
+    tr = truth.trajectory(e)
+    T = np.asarray(tr["camera_T_cam_from_base"][0] if "camera_T_cam_from_base" in tr else truth.T_cam_from_base)
+    still = shifted_image(stills_background(real, W, H), true_image_shift(truth.T_cam_from_base, T, K), K)
+    ep = ds.read_window(e, 0, FIRST_FRAMES, cameras=[cam])
+    img = first_image(ep, cam, None if dist is None else undistort_maps(K, dist, W, H))
+    arm = robot_exclusion(aligned_spec(spec, cam, T, K, W, H), cam, ep.state[0, :7], float(ep.state[0, 7]))
+    poses = {str(n): (float(p[0]), float(p[1]), _yaw(q))
+             for n, p, q in zip(tr["object_names"], tr["object_pos"][0], tr["object_quat"][0])}
+    return {"image": img, "still": still, "arm": arm, "K": K, "T": T, "state": ep.state[0], "poses": poses}
 
 
 def camera_motion_vs_truth(real, al: dict) -> dict | None:

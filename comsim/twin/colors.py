@@ -78,8 +78,8 @@ def estimate_colors(spec: SceneSpec, camera: str, image: np.ndarray, arm_qpos, g
 
     ``arm_qpos`` / ``gripper_width``: the robot's state in that frame; ``object_poses``:
     {name: (pos, quat)} localized in it; ``valid`` (H, W): pixels that may be used; ``body``: {name: (H, W)
-    bool} the pixels of an object that show its body colour (``prints.body_pixels``): its colour is matched
-    on those of them inside its (uneroded) region instead, when there are at least four.
+    bool} the pixels of a printed object that show its body colour (``prints.body_pixels``): its colour is
+    matched on those of them inside its (uneroded) region instead, when there are at least four.
     Returns {"table", "wall", "floor": rgba, "robot_tint": rgb, "objects": {name: rgba},
     "residual": per-region mean abs difference (0-255) after matching}.
     """

@@ -243,7 +243,7 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
     colors = estimate_colors(seen, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
                              object_poses(f0["found"], aligned),
                              valid=None if maps is None else _valid_after_undistort(maps),
-                             body={n: b["body"] for n, b in f0["prints"].items()} or None)
+                             body={n: b["body"] for n, b in f0["prints"].items() if b["print_pixels"]} or None)
     if f0["prints"]:  # what the objects' colours were matched on
         colors["prints"] = {n: {k: b[k] for k in ("print_coverage", "face_pixels", "print_pixels")}
                             for n, b in f0["prints"].items()}
