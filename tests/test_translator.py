@@ -756,3 +756,24 @@ def test_the_last_sampling_step_lands_on_the_prediction():
     noise = torch.randn(s.shape, generator=torch.Generator().manual_seed(3))
     x = pipe._sample_window(s, a, noise, 4, 0.0, 1.0, 1.0)
     assert (x - s).abs().max() < 1e-5
+
+
+def test_edge_loss_charges_a_faded_arm_edge_not_a_shifted_crisp_one():
+    """Around the twin's robot outline, a faded arm (the blend of the arm where the twin put it and where the real
+    frame has it) has half the real edge strength and costs; the crisp arm a pixel off costs nothing. The band is
+    the +-2 px ring around the seg control's robot label, and nothing else."""
+    from comsim.translator.training import edge_loss, robot_edge_band
+
+    twin = torch.full((1, 3, 1, 32, 32), -0.5)
+    twin[..., 10:22, 12:15] = 0.8
+    real = torch.roll(twin, 1, dims=-1)
+    blend = (twin + real) / 2
+    seg = torch.full((1, 3, 1, 32, 32), -1.0)
+    seg[..., 10:22, 12:15] = 1.0  # the robot's label colour (white)
+    band = robot_edge_band(torch.cat([twin, seg], 1), ("seg",))
+    assert band.shape == (1, 1, 1, 32, 32)
+    assert band[0, 0, 0, 16, 10] == 1 and band[0, 0, 0, 16, 16] == 1  # 2 px either side of the link
+    assert band[0, 0, 0, 16, 9] == 0 and band[0, 0, 0, 16, 17] == 0 and band[0, 0, 0, 2, 2] == 0
+    assert edge_loss(twin, real, band) < 1e-6 < 0.05 < edge_loss(blend, real, band)
+    with pytest.raises(ValueError, match="train.edge_weight compares the clean frame's edges"):
+        micro_cfg("unused", "train.edge_weight=0.1")

@@ -28,6 +28,7 @@ from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode, resize_frames
 from comsim.io.files import write_json
 from comsim.io.keys import control_key, sim_key
+from comsim.io.labels import SEG_DECODE_TOLERANCE
 from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.io.video import write_video
@@ -139,6 +140,11 @@ class TrainConfig:
     # doubled arm) and draws the arm where the twin put it
     shift_tolerance: int = 0
     shift_block: int = 8
+    # > 0 (loss_target sample, seg in data.controls): plus this weight times ``edge_loss`` (an edge of the
+    # prediction or the real frame with no edge as strong within 1 px in the other) over a band of +-2 px around
+    # the twin's robot outline. The squared error alone lets a faded, low-contrast arm edge cost
+    # less than a crisp one a pixel off; this term charges the fade
+    edge_weight: float = 0.0
     logit_normal_mean: float = 0.0
     logit_normal_std: float = 1.0
     use_ema: bool = True
@@ -216,6 +222,11 @@ class TranslatorConfig:
             raise ValueError("model.pixel_head replaces the per-token output: it needs model.sim_residual=true and "
                              f"model.local_affine and model.refine_channels 0 (got {m.sim_residual}, "
                              f"{m.local_affine}, {m.refine_channels})")
+        if t.edge_weight and not (t.loss_target == "sample" and self.codec.type == "pixel"
+                                  and "seg" in self.data.controls):
+            raise ValueError("train.edge_weight compares the clean frame's edges around the twin's robot: it needs "
+                             "train.loss_target=sample, codec.type=pixel and seg in data.controls (got "
+                             f"{t.loss_target!r}, {self.codec.type!r}, {list(self.data.controls)})")
         if t.shift_tolerance and t.loss_target != "sample":
             raise ValueError("train.shift_tolerance compares clean frames: it needs train.loss_target=sample")
         if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
@@ -255,6 +266,7 @@ class TranslatorConfig:
                                                                      and pw % max(m.head_cells, 1) == 0), f"an integer >= 1 dividing the patch's {ph}x{pw} pixels"),
             ("train.shift_tolerance", t.shift_tolerance, whole(t.shift_tolerance, 0), "an integer >= 0 (0 = off)"),
             ("train.shift_block", t.shift_block, whole(t.shift_block, 1), "an integer >= 1"),
+            ("train.edge_weight", t.edge_weight, t.edge_weight >= 0, "a number >= 0 (0 = off)"),
             ("codec.frames_per_batch", c.frames_per_batch, whole(c.frames_per_batch, 1), "an integer >= 1"),
             ("data.num_frames", d.num_frames, whole(d.num_frames, 1), "an integer >= 1"),
             ("data.resolution", list(d.resolution), all(whole(v, 1) for v in d.resolution), "[height, width] >= 1"),
@@ -468,10 +480,43 @@ def object_pixels(sim: torch.Tensor, controls, size) -> torch.Tensor:
     return F.adaptive_max_pool3d(near, tuple(size))
 
 
+def robot_edge_band(sim: torch.Tensor, controls, px: int = 2) -> torch.Tensor:
+    """(B, 1, T, H, W) float: the pixels within ``px`` of the twin's robot outline (label 1 of the seg control of a
+    pixel sim condition (B, 3 + 3n, T, H, W) whose ``controls`` include seg)."""
+    i = 3 + 3 * list(controls).index("seg")
+    white = torch.ones(1, 3, 1, 1, 1, device=sim.device)
+    robot = ((sim[:, i:i + 3].float() - white).square().sum(1, keepdim=True)
+             <= (SEG_DECODE_TOLERANCE / 127.5) ** 2).float()
+    k = (1, 2 * px + 1, 2 * px + 1)
+    grown = F.max_pool3d(robot, k, stride=1, padding=(0, px, px))
+    shrunk = 1 - F.max_pool3d(1 - robot, k, stride=1, padding=(0, px, px))
+    return grown - shrunk
+
+
+def edge_strength(x: torch.Tensor) -> torch.Tensor:
+    """(B, C, T, H, W) -> (B, 1, T, H, W): the gradient magnitude of the channel mean (forward differences)."""
+    y = x.mean(1, keepdim=True)
+    gx = F.pad(y[..., :, 1:] - y[..., :, :-1], (0, 1, 0, 0))
+    gy = F.pad(y[..., 1:, :] - y[..., :-1, :], (0, 0, 0, 1))
+    return (gx.square() + gy.square() + 1e-8).sqrt()
+
+
+def edge_loss(pred: torch.Tensor, target: torch.Tensor, band: torch.Tensor) -> torch.Tensor:
+    """Over ``band`` (B, 1, T, H, W): the squared shortfall of an edge of either frame against the strongest edge of
+    the other within 1 px. A faded edge falls short of the real one and costs; a crisp edge a pixel off does not;
+    an edge where the real frame has none costs too."""
+    near = lambda g: F.max_pool3d(g, (1, 3, 3), stride=1, padding=(0, 1, 1))  # noqa: E731
+    sp, st = edge_strength(pred), edge_strength(target)
+    miss = (F.relu(st - near(sp)).square() + F.relu(sp - near(st)).square()) * band
+    return miss.sum() / band.sum().clamp_min(1.0)
+
+
 def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
-                       prediction_type: str = "velocity", weight: torch.Tensor | None = None):
+                       prediction_type: str = "velocity", weight: torch.Tensor | None = None,
+                       edge_band: torch.Tensor | None = None):
     """One rectified-flow loss with independent condition dropout; all draws from ``generator``. ``weight``
-    (B, 1, T, H, W): per-pixel weights of the squared error (a weighted mean)."""
+    (B, 1, T, H, W): per-pixel weights of the squared error (a weighted mean). ``edge_band`` (B, 1, T, H, W):
+    where ``cfg.edge_weight`` compares edge strengths (``robot_edge_band``)."""
     B, dev = x0.shape[0], x0.device
     noise = torch.randn(x0.shape, generator=generator).to(dev)
     t = torch.sigmoid(cfg.logit_normal_mean + cfg.logit_normal_std * torch.randn(B, generator=generator)).to(dev)
@@ -484,8 +529,13 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
     if cfg.loss_target == "sample":  # the clean frame: x0 = x_t - t v for a velocity model
         pred = out.float() if prediction_type == "sample" else x_t.float() - tt * out.float()
         target = x0.float()
+        edge = cfg.edge_weight * edge_loss(pred, target, edge_band) if cfg.edge_weight and edge_band is not None else 0.0
         if cfg.shift_tolerance:
-            return shift_tolerant_mse(pred, target, cfg.shift_tolerance, cfg.shift_block, weight)
+            return shift_tolerant_mse(pred, target, cfg.shift_tolerance, cfg.shift_block, weight) + edge
+        if weight is None:
+            return F.mse_loss(pred, target) + edge
+        w = weight.float().expand_as(pred)
+        return ((pred - target).square() * w).sum() / w.sum() + edge
     else:  # on the velocity whatever the model predicts (JiT: x-prediction, v-loss)
         pred, target = velocity_from_output(out.float(), x_t.float(), t, prediction_type), (noise - x0).float()
     if weight is None:
@@ -671,8 +721,9 @@ def _train(cfg: TranslatorConfig, resume_from_checkpoint: str | None, stop_at_st
             weight = None
             if tc.object_weight != 1.0:  # from the pixel sim condition (latent mode has no pixels: checked above)
                 weight = 1 + (tc.object_weight - 1) * object_pixels(sim, cfg.data.controls, x0.shape[2:])
+            band = robot_edge_band(sim, cfg.data.controls) if tc.edge_weight else None
             loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast,
-                                      cfg.model.prediction_type, weight)
+                                      cfg.model.prediction_type, weight, band)
             accelerator.backward(loss)
             if accelerator.sync_gradients and tc.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
