@@ -134,12 +134,6 @@ class TrainConfig:
     # one pixel of margin) this much more: a 5-px cube is 0.2% of a frame, yet where it is drawn is what a
     # policy learns from
     object_weight: float = 1.0
-    # > 0 (loss_target sample): the clean-frame loss forgives a shift of up to this many pixels, per block of
-    # shift_block x shift_block px (the smallest squared error over the shifts): a twin a pixel off its real frame
-    # then costs nothing, so the model is not taught to hedge between arm and background (a translucent,
-    # doubled arm) and draws the arm where the twin put it
-    shift_tolerance: int = 0
-    shift_block: int = 8
     # > 0 (loss_target sample, seg in data.controls): plus this weight times ``edge_loss`` (an edge of the
     # prediction or the real frame with no edge as strong within 1 px in the other) over a band of +-2 px around
     # the twin's robot outline. The squared error alone lets a faded, low-contrast arm edge cost
@@ -227,8 +221,6 @@ class TranslatorConfig:
             raise ValueError("train.edge_weight compares the clean frame's edges around the twin's robot: it needs "
                              "train.loss_target=sample, codec.type=pixel and seg in data.controls (got "
                              f"{t.loss_target!r}, {self.codec.type!r}, {list(self.data.controls)})")
-        if t.shift_tolerance and t.loss_target != "sample":
-            raise ValueError("train.shift_tolerance compares clean frames: it needs train.loss_target=sample")
         if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
             raise ValueError(f"model.local_affine={m.local_affine} needs model.sim_residual=true and "
                              "model.prediction_type=sample: its maps act on the residual's start")
@@ -264,8 +256,6 @@ class TranslatorConfig:
             ("model.pixel_head", m.pixel_head, whole(m.pixel_head, 0), "an integer >= 0 (0 = off)"),
             ("model.head_cells", m.head_cells, not m.pixel_head or (whole(m.head_cells, 1) and ph % max(m.head_cells, 1) == 0
                                                                      and pw % max(m.head_cells, 1) == 0), f"an integer >= 1 dividing the patch's {ph}x{pw} pixels"),
-            ("train.shift_tolerance", t.shift_tolerance, whole(t.shift_tolerance, 0), "an integer >= 0 (0 = off)"),
-            ("train.shift_block", t.shift_block, whole(t.shift_block, 1), "an integer >= 1"),
             ("train.edge_weight", t.edge_weight, t.edge_weight >= 0, "a number >= 0 (0 = off)"),
             ("codec.frames_per_batch", c.frames_per_batch, whole(c.frames_per_batch, 1), "an integer >= 1"),
             ("data.num_frames", d.num_frames, whole(d.num_frames, 1), "an integer >= 1"),
@@ -530,8 +520,6 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
         pred = out.float() if prediction_type == "sample" else x_t.float() - tt * out.float()
         target = x0.float()
         edge = cfg.edge_weight * edge_loss(pred, target, edge_band) if cfg.edge_weight and edge_band is not None else 0.0
-        if cfg.shift_tolerance:
-            return shift_tolerant_mse(pred, target, cfg.shift_tolerance, cfg.shift_block, weight) + edge
         if weight is None:
             return F.mse_loss(pred, target) + edge
         w = weight.float().expand_as(pred)
@@ -542,27 +530,6 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
         return F.mse_loss(pred, target)
     weight = weight.float().expand_as(pred)
     return ((pred - target).square() * weight).sum() / weight.sum()
-
-
-def shift_tolerant_mse(pred: torch.Tensor, target: torch.Tensor, radius: int, block: int,
-                       weight: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean squared error of ``pred`` against ``target`` (B, C, T, H, W) where each block of ``block`` x ``block``
-    pixels of every frame is compared with the target shifted by whichever (dy, dx), |dy|, |dx| <= ``radius``,
-    fits it best (edges replicated). ``weight`` (B, 1, T, H, W): per-pixel weights (a weighted mean)."""
-    B, C, T, H, W = pred.shape
-    p = pred.transpose(1, 2).reshape(B * T, C, H, W)
-    q = F.pad(target.transpose(1, 2).reshape(B * T, C, H, W), (radius,) * 4, mode="replicate")
-    w = None if weight is None else weight.float().expand(B, 1, T, H, W).transpose(1, 2).reshape(B * T, 1, H, W)
-    errs = []
-    for dy in range(-radius, radius + 1):
-        for dx in range(-radius, radius + 1):
-            shifted = q[:, :, radius + dy:radius + dy + H, radius + dx:radius + dx + W]
-            e = (p - shifted).square().sum(1, keepdim=True)
-            errs.append(F.avg_pool2d(e if w is None else e * w, block, ceil_mode=True))
-    best = torch.stack(errs).min(0).values
-    if w is None:
-        return best.mean() / C
-    return best.sum() / (C * F.avg_pool2d(w, block, ceil_mode=True).sum())
 
 
 def find_checkpoint(output_dir: Path, resume: str | None) -> Path | None:
