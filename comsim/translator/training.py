@@ -28,7 +28,7 @@ from comsim.config import ConfigError, load_config, to_dict
 from comsim.episode import Episode, resize_frames
 from comsim.io.files import write_json
 from comsim.io.keys import control_key, sim_key
-from comsim.io.labels import SEG_DECODE_TOLERANCE
+from comsim.io.labels import SEG_DECODE_TOLERANCE, SEG_PALETTE
 from comsim.io.lock import output_lock
 from comsim.io.paths import OutputFolderError, check_output_path, claim_output
 from comsim.io.video import write_video
@@ -474,8 +474,8 @@ def robot_edge_band(sim: torch.Tensor, controls, px: int = 2) -> torch.Tensor:
     """(B, 1, T, H, W) float: the pixels within ``px`` of the twin's robot outline (label 1 of the seg control of a
     pixel sim condition (B, 3 + 3n, T, H, W) whose ``controls`` include seg)."""
     i = 3 + 3 * list(controls).index("seg")
-    white = torch.ones(1, 3, 1, 1, 1, device=sim.device)
-    robot = ((sim[:, i:i + 3].float() - white).square().sum(1, keepdim=True)
+    colour = torch.as_tensor(SEG_PALETTE[1], dtype=torch.float32, device=sim.device).view(1, 3, 1, 1, 1) / 127.5 - 1
+    robot = ((sim[:, i:i + 3].float() - colour).square().sum(1, keepdim=True)
              <= (SEG_DECODE_TOLERANCE / 127.5) ** 2).float()
     k = (1, 2 * px + 1, 2 * px + 1)
     grown = F.max_pool3d(robot, k, stride=1, padding=(0, px, px))
