@@ -721,6 +721,25 @@ def test_pixel_head_draws_no_token_grid():
                   "model.head_cells=3")
 
 
+def test_twin_object_labels_finds_each_palette_colour_within_the_tolerance():
+    """A label video of palette colours, each pixel nudged by a distance just inside or just outside the decode
+    tolerance: a pixel is object l exactly when it was painted l's colour and nudged inside; backdrop, robot and
+    the pixels nudged outside are no object."""
+    from comsim.io.labels import SEG_DECODE_TOLERANCE, SEG_PALETTE
+    from comsim.translator.model import twin_object_labels
+    g = torch.Generator().manual_seed(0)
+    palette = torch.as_tensor(SEG_PALETTE, dtype=torch.float32)
+    painted = torch.randint(0, len(SEG_PALETTE), (2, 3, 16, 16), generator=g)
+    direction = F.normalize(torch.randn(2, 3, 16, 16, 3, generator=g), dim=-1)
+    inside = torch.rand(2, 3, 16, 16, generator=g) < 0.7
+    radius = torch.where(inside, 0.9, 1.1) * SEG_DECODE_TOLERANCE
+    video = ((palette[painted] + radius[..., None] * direction) / 127.5 - 1.0).permute(0, 4, 1, 2, 3)
+    labels = twin_object_labels(video)  # (N, L, T, H, W)
+    assert labels.shape == (2, len(SEG_PALETTE) - 2, 3, 16, 16)
+    for l in range(len(SEG_PALETTE) - 2):
+        assert torch.equal(labels[:, l], (painted == l + 2) & inside)
+
+
 def test_the_last_sampling_step_lands_on_the_prediction():
     """A clean-frame (x-prediction) model samples at noise levels 1, 3/4, 1/2, 1/4 and ends at 0, so its last
     Euler step returns the model's prediction itself: a fresh sim-residual model (x0 = the sim video whatever the

@@ -47,8 +47,11 @@ def twin_object_labels(seg: torch.Tensor) -> torch.Tensor:
     """(N, L, ...) bool: the pixels of a label video ``(N, 3, ...)`` in [-1, 1] that show object label 2 + l (its
     palette colour within SEG_DECODE_TOLERANCE); L = the palette's object labels."""
     palette = torch.as_tensor(SEG_PALETTE[2:], dtype=torch.float32, device=seg.device) / 127.5 - 1.0
-    palette = palette.view(1, -1, 3, *([1] * (seg.dim() - 2)))
-    return (seg.float()[:, None] - palette).square().sum(2) <= (SEG_DECODE_TOLERANCE / 127.5) ** 2
+    # |s - p|^2 = |s|^2 - 2 s.p + |p|^2: one (3 x L) product per pixel instead of an L-fold broadcast of the video
+    seg = seg.float()
+    dist = ((seg.square().sum(1, keepdim=True) + palette.square().sum(1).view(1, -1, *([1] * (seg.dim() - 2))))
+            - 2.0 * torch.einsum("nc...,lc->nl...", seg, palette))
+    return dist <= (SEG_DECODE_TOLERANCE / 127.5) ** 2
 # x-prediction turns into a velocity by dividing by sigma; JiT clips sigma there so that the
 # nearly clean end of the path does not blow the loss (and the last Euler steps) up.
 MIN_SIGMA_FOR_SAMPLE = 0.05
@@ -481,9 +484,12 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         feat = rearrange(self.head_proj(h_out), "b (t h w) (f pt gh gw) -> (b t pt) f (h gh) (w gw)",
                          t=Tt, h=Ht, w=Wt, pt=pt, gh=g, gw=g)
         feat = F.interpolate(feat, size=(H, W), mode="bilinear", align_corners=False)
-        pixels = rearrange(torch.cat([start, sim, mask], dim=1), "b c t h w -> (b t) c h w")
-        gain, offset = self.head(torch.cat([feat, pixels], dim=1)).chunk(2, dim=1)
-        out = pixels[:, :C] * (1 + gain) + offset
+        # gathered channels-last in one copy: a 1x1 convolution over few channels is ~3x faster on CPU with the
+        # channels innermost
+        parts = [feat.permute(0, 2, 3, 1)] + [rearrange(v, "b c t h w -> (b t) h w c") for v in (start, sim, mask)]
+        features = torch.cat(parts, dim=-1).permute(0, 3, 1, 2)
+        gain, offset = self.head(features).chunk(2, dim=1)
+        out = rearrange(start, "b c t h w -> (b t) c h w") * (1 + gain) + offset
         return rearrange(out, "(b t) c h w -> b c t h w", b=B)
 
     # -- forward ---------------------------------------------------------------------------
