@@ -131,9 +131,13 @@ def test_a_resolved_print_is_found_and_kept_out_of_the_colour_fit(tmp_path):
         assert off["body"] < off["all"], (e, off)
 
 
-def test_the_object_fit_follows_the_calibration():
-    """The painted fit where the calibration was sharpened (the stills' IoU was low), the evidence fit
-    elsewhere (the built-in lab: its placements, and so its pairs, as before)."""
+def test_the_object_fit_follows_the_stills(workshop, tmp_path):
+    """The painted fit wherever the recording has calibration stills (a robot-free still to paint on), the
+    evidence fit where it has none."""
+    from comsim.lab.record import record_dataset
+    from comsim.twin.align import stills_background
     from comsim.twin.replay import object_fit
-    assert object_fit({"sharpened": {"why": "..."}})["fit"] == "painted"
-    assert object_fit({"sharpened": None})["fit"] == "evidence" and object_fit({})["fit"] == "evidence"
+    bare = record_dataset("push", episodes=1, out=tmp_path / "bare", seed=0, calibration_stills=0)
+    assert stills_background(workshop, 128, 128) is not None and stills_background(bare, 128, 128) is None
+    assert object_fit(stills_background(workshop, 128, 128))["fit"] == "painted"
+    assert object_fit(stills_background(bare, 128, 128))["fit"] == "evidence"

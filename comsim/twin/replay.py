@@ -144,17 +144,16 @@ def object_poses(found: dict, spec: SceneSpec) -> dict:
     return out
 
 
-def object_fit(calibration: dict) -> dict:
+def object_fit(background) -> dict:
     """How the objects' poses are fitted (``localize.localize_objects``' ``fit``), and why: "painted" (the
-    pixels themselves: unbiased) where the calibration was sharpened, "evidence" (the thresholded evidence
-    map) elsewhere. Both are for one reason: the stills said the cell is hard (``calibrate.sharpen``); the
-    evidence fit places cubes farther than they are (0.1-0.65 px on the lab cells), and the unsharpened
-    calibration's error partly cancelled that (the workshop's objects were 0.89 cm off on average with it,
-    1.15 cm with the sharpened camera and the evidence fit, 0.65 cm with the painted fit). Where the
-    calibration is not sharpened (the built-in lab) the placements, and so its pairs, stay as they were."""
-    if (calibration or {}).get("sharpened"):
-        return {"fit": "painted", "why": "the calibration was sharpened (its stills' IoU was low)"}
-    return {"fit": "evidence", "why": "the calibration was not sharpened"}
+    robot-free still with the object's faces painted over it, fitted to the pixels: no farther bias) where the
+    recording has calibration stills and so a robot-free ``background``; "evidence" (the thresholded colour
+    evidence map, which places cubes 0.1-0.65 px farther than they are on the lab cells) where it has none.
+    Against the lab's truth the painted fit placed objects closer on every cell it was tried on, the built-in lab
+    included (docs/results/2026-12-07-twin-painted-everywhere.md)."""
+    if background is not None:
+        return {"fit": "painted", "why": "the recording has a robot-free still to paint the objects on"}
+    return {"fit": "evidence", "why": "the recording has no calibration stills (no robot-free still)"}
 
 
 def first_frames_objects(ds: LeRobotDataset, e: int, spec: SceneSpec, cam: str, maps, background,
@@ -237,8 +236,9 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
     motions = camera_motions(ds, spec, al)
     # episode 0's objects give the colours (seen through its camera, which may have moved since the stills);
     # every episode's are localized and checked by self_check_alignment
-    fit = object_fit(calib)
-    f0 = first_frames_objects(ds, 0, aligned, cam, maps, stills_background(real, W, H), motions[0], fit["fit"])
+    background = stills_background(real, W, H)
+    fit = object_fit(background)
+    f0 = first_frames_objects(ds, 0, aligned, cam, maps, background, motions[0], fit["fit"])
     seen = aligned if first_shift(motions[0]) is None else aligned_spec(spec, cam, T, f0["K"], W, H)
     colors = estimate_colors(seen, cam, f0["image"], f0["state"][:7].astype(np.float64), float(f0["state"][7]),
                              object_poses(f0["found"], aligned),
@@ -511,7 +511,7 @@ def self_check_alignment(ds: LeRobotDataset, spec: SceneSpec, al: dict, motions:
     maps = undistort_maps(K, dist, W, H) if dist is not None else None
     bg = stills_background(ds.root, W, H)
     motions = camera_motions(ds, spec, al) if motions is None else motions
-    fit = object_fit(al["calibration"])["fit"]
+    fit = object_fit(bg)["fit"]
     firsts = {e: first_frames_objects(ds, e, aligned, cam, maps, bg, motions[e], fit) for e in range(len(ds))}
     placed = {e: {o.name: o for o in aligned.objects} for e in firsts}
     clarity = recording_clarity([f["residual"] for f in firsts.values()])
