@@ -20,20 +20,14 @@ def psnr(se: float, n: int) -> float:
     return round(float(10 * np.log10(255.0**2 / (se / max(n, 1)))), 2)
 
 
-def labels_of(seg: np.ndarray) -> np.ndarray:
-    from comsim.io.labels import SEG_PALETTE
-
-    pal = SEG_PALETTE.astype(np.float32)
-    d = ((seg.astype(np.float32)[..., None, :] - pal[None, None, None]) ** 2).sum(-1)
-    return d.argmin(-1)
-
-
 def budget(real: list, pred: list, segs: list) -> dict:
+    from comsim.io.labels import labels_from_palette
+
     regions = ("backdrop", "robot", "objects")
     se, px = dict.fromkeys(regions, 0.0), dict.fromkeys(regions, 0)
     oracle_se = 0.0
     for r, p, s in zip(real, pred, segs):
-        r, p, lab = r.astype(np.float64), p.astype(np.float64), labels_of(s)
+        r, p, lab = r.astype(np.float64), p.astype(np.float64), labels_from_palette(s)
         masks = {"backdrop": lab == 0, "robot": lab == 1, "objects": lab >= 2}
         err = ((p - r) ** 2).mean(-1)
         for k, m in masks.items():
@@ -62,7 +56,10 @@ def main(argv=None) -> dict:
     if not (root / "real").is_dir():
         raise SystemExit(f"{root}/real: not found; expected a video-metrics stage's folder "
                          f"(bench/translator_heldout.py MODEL PAIRED --stage RUN)")
-    load = lambda name: [LeRobotDataset(root / name)[i] for i in range(len(LeRobotDataset(root / name)))]  # noqa: E731
+    def load(name):
+        ds = LeRobotDataset(root / name)
+        return [ds[i] for i in range(len(ds))]
+
     real = load("real")
     cam = next(k for k in real[0].frames if not k.endswith("_seg"))
     out = {"bench": "translator_error_budget", "run": str(a.run), "episodes": len(real),
