@@ -396,62 +396,6 @@ def test_training_summary_says_a_run_stopped_early(tmp_path):
     assert "resume" in summary["stop_reason"]
 
 
-def test_native_resolution_model_with_large_patches_and_refinement():
-    """16x16 pixel patches with the bottleneck embedding and the full-resolution conv head: shapes, and at
-    init the head adds nothing (zero last layer), so a fresh model equals its patch output."""
-    kw = dict(in_channels=3, sim_channels=3, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
-              dim=32, depth=1, heads=2, prediction_type="sample", patch_bottleneck=16)
-    torch.manual_seed(0)
-    plain = CompositionalVideoDiT(**kw)
-    torch.manual_seed(0)
-    refined = CompositionalVideoDiT(**kw, refine_channels=4)
-    g = torch.Generator().manual_seed(1)
-    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 3, 2, 32, 32, generator=g)
-    t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
-    with torch.no_grad():
-        for m in (plain, refined):  # AdaLN-Zero: randomize the zero layers so that the output is not zero
-            torch.manual_seed(2)
-            for p in m.parameters():
-                if p.abs().sum() == 0 and p.ndim == 2 and p.shape[0] != 3:
-                    p.normal_(0, 0.05)
-        assert torch.allclose(plain(x, t, a, s), refined(x, t, a, s), atol=1e-6)
-        refined.refine[-1].weight.normal_(0, 0.1)
-        out = refined(x, t, a, s)
-    assert out.shape == x.shape and not torch.allclose(out, plain(x, t, a, s))
-    loss = refined(x, t, a, s).square().mean()
-    loss.backward()
-    assert refined.refine[0].weight.grad.abs().sum() > 0
-
-
-def test_local_affine_maps_act_per_cell():
-    """local_affine: at init the head adds nothing (x0 = the sim render); one coefficient of one cell changes
-    exactly that cell's pixels, in proportion to a feature of each pixel; the gradient reaches the projection."""
-    kw = dict(in_channels=3, sim_channels=6, action_dim=8, num_frames=2, sample_size=(32, 32), patch_size=(1, 16, 16),
-              dim=32, depth=1, heads=2, prediction_type="sample", sim_residual=True, patch_bottleneck=16,
-              local_affine=4)
-    model = CompositionalVideoDiT(**kw)
-    g = torch.Generator().manual_seed(1)
-    x, s = torch.randn(2, 3, 2, 32, 32, generator=g), torch.randn(2, 6, 2, 32, 32, generator=g)
-    t, a = torch.rand(2, generator=g) * 1000, torch.randn(2, 2, 8, generator=g)
-    with torch.no_grad():
-        assert torch.allclose(model(x, t, a, s), s[:, :3])
-        h = torch.zeros(2, 2 * 2 * 2, 32)  # tokens (B, T*Ht*Wt, D): only token 0 (frame 0, top left) is on
-        h[:, 0, 0] = 1.0
-        model.affine_proj.weight.zero_()
-        # output index (f, c, pt, gh, gw) = (feature 1 + 3 + 1: the sim's 2nd channel, colour 2, 0, cell row 1, col 2)
-        model.affine_proj.weight[((5 * 3 + 2) * 4 + 1) * 4 + 2, 0] = 1.0
-        out = model._local_affine(h, torch.zeros(2, 3, 2, 32, 32), s, (2, 2, 2))
-    changed = out.abs() > 0
-    assert changed[:, 2, 0, 4:8, 8:12].all() and changed.sum() == 2 * 16  # the 4x4 px cell, colour 2, frame 0
-    torch.testing.assert_close(out[:, 2, 0, 4:8, 8:12], s[:, 1, 0, 4:8, 8:12])
-    with torch.no_grad():
-        model.affine_proj.weight.normal_(0, 0.1)
-    model(x, t, a, s).square().mean().backward()
-    assert model.affine_proj.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="local_affine=3"):
-        CompositionalVideoDiT(**{**kw, "local_affine": 3})
-
-
 def test_sample_loss_compares_clean_frames():
     """train.loss_target=sample: the loss is the clean frame's squared error, whatever the noise level."""
     cfg = micro_cfg("unused", "train.loss_target=sample", "train.p_drop_sim=0", "train.p_drop_action=0")
@@ -537,11 +481,8 @@ def test_config_names_a_resolution_the_patch_does_not_divide():
         micro_cfg("unused", "data.resolution=[100,100]", "model.patch_size=[1,16,16]")
     with pytest.raises(ValueError, match=r"sampling.overlap must be in \[1, data.num_frames=4\)"):
         micro_cfg("unused", "data.num_frames=4", "sampling.overlap=4")
-    with pytest.raises(ValueError, match=r"model.local_affine=3 must divide.*model.patch_size=\[1, 16, 16\]"):
-        micro_cfg("unused", "data.resolution=[32,32]", "model.patch_size=[1,16,16]", "model.prediction_type=sample",
-                  "model.sim_residual=true", "model.local_affine=3")
-    with pytest.raises(ValueError, match="model.local_affine=4 needs model.sim_residual=true"):
-        micro_cfg("unused", "data.resolution=[32,32]", "model.patch_size=[1,16,16]", "model.local_affine=4")
+    with pytest.raises(ValueError, match="model.pixel_head replaces the per-token output.*needs model.sim_residual=true"):
+        micro_cfg("unused", "data.resolution=[32,32]", "model.patch_size=[1,16,16]", "model.pixel_head=4")
 
 
 def test_two_process_cpu_ddp(tmp_path):
@@ -625,11 +566,12 @@ def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
         f"train.output_dir={tmp_path}", "train.max_steps=1", "train.batch_size=1", "data.num_frames=2",
         "data.num_workers=0", "data.val_episodes=0", "data.synthetic.episodes=2", "data.synthetic.length=3",
         "data.synthetic.size=256", "train.checkpointing_steps=1", "train.warmup_steps=0",
-        "data.controls=[]", "model.paste_twin_objects=false"])  # synthetic pairs have no label or normal videos
+        # synthetic pairs have no label or normal videos: the backdrop by colour, no pasted objects, no edge term
+        "data.controls=[]", "model.paste_twin_objects=false", "model.backdrop_from=colour", "train.edge_weight=0"])
     final = train(cfg)
     pipe = TranslatorPipeline.from_pretrained(final)
     assert pipe.resolution == (256, 256) and pipe.transformer.config.dim == 512
-    assert pipe.transformer.config.local_affine == 4 and pipe.transformer.config.background_plate
+    assert pipe.transformer.config.pixel_head == 16 and pipe.transformer.config.background_plate
     assert sum(p.numel() for p in pipe.transformer.parameters()) > 30e6
 
 
@@ -714,8 +656,8 @@ def test_pixel_head_draws_no_token_grid():
     assert changed_head[block].all() and changed_head[~block].sum() > 8 * 4 and not changed_head[1].any()
     head(x, t, a, s).square().mean().backward()
     assert head.head_proj.weight.grad.abs().sum() > 0
-    with pytest.raises(ValueError, match="pixel_head replaces the per-token output"):
-        CompositionalVideoDiT(**kw, pixel_head=4, local_affine=2)
+    with pytest.raises(ValueError, match="pixel_head replaces the per-token output.*needs sim_residual=True"):
+        CompositionalVideoDiT(**{**kw, "sim_residual": False}, pixel_head=4)
     with pytest.raises(ConfigError, match="model.head_cells: expected an integer >= 1 dividing the patch's 4x4"):
         micro_cfg("unused", "model.prediction_type=sample", "model.sim_residual=true", "model.pixel_head=4",
                   "model.head_cells=3")

@@ -184,10 +184,6 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             plate and still count as background: 0.38 is 48 of 255 grey levels in pixel space.
         patch_bottleneck: > 0: the patch embedding goes through this many values first (JiT's
             bottleneck for large pixel patches, e.g. 16x16 at 128x128).
-        refine_channels: > 0: a small per-frame conv head at full resolution adds detail to the
-            patch output from the noisy input and the sim video (see ``__init__``).
-        local_affine: > 0 (with ``sim_residual``): per-pixel affine maps of the twin's full-resolution
-            features, one per cell of a grid this many times finer than the tokens (see ``__init__``).
         paste_twin_objects: with ``sim_residual`` and pixel latents whose sim condition carries the twin's
             label video at channel ``seg_channel``: on the pixels the labels give to an object (label >= 2), a
             sample with sim is the twin's render there, recoloured by one affine colour map per label fit on
@@ -218,10 +214,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         prediction_type: str = "velocity",
         sim_residual: bool = False,
         patch_bottleneck: int = 0,
-        refine_channels: int = 0,
         background_plate: bool = False,
         plate_tolerance: float = 0.38,
-        local_affine: int = 0,
         paste_twin_objects: bool = False,
         seg_channel: int = -1,
         backdrop_from: str = "colour",
@@ -244,14 +238,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             raise ValueError(f"num_frames x sample_size = {num_frames} x {tuple(sample_size)} must be divisible "
                              f"by patch_size={tuple(patch_size)}")
         self.gradient_checkpointing = False
-        if patch_bottleneck < 0 or refine_channels < 0:
-            raise ValueError(f"patch_bottleneck and refine_channels must be >= 0 (0 = off), got "
-                             f"{patch_bottleneck} and {refine_channels}")
-        if local_affine < 0 or (local_affine and (ph % local_affine or pw % local_affine)):
-            raise ValueError(f"local_affine={local_affine}: the coefficient grid must divide each patch, so patch_size "
-                             f"{tuple(patch_size)} needs heights and widths divisible by it (0 = off)")
-        if local_affine and not sim_residual:
-            raise ValueError("local_affine needs sim_residual=True: its features include the residual's start")
+        if patch_bottleneck < 0:
+            raise ValueError(f"patch_bottleneck must be >= 0 (0 = off), got {patch_bottleneck}")
         if backdrop_from not in BACKDROP_SOURCES:
             raise ValueError(f"backdrop_from must be one of {BACKDROP_SOURCES}, got {backdrop_from!r}")
         if background_plate and backdrop_from == "labels" and not (in_channels == 3
@@ -262,9 +250,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         if pixel_head < 0 or (pixel_head and (head_cells < 1 or ph % head_cells or pw % head_cells)):
             raise ValueError(f"pixel_head={pixel_head} (channels, 0 = off) needs head_cells={head_cells} to divide the "
                              f"patch's height and width {(ph, pw)}")
-        if pixel_head and (local_affine or refine_channels or not sim_residual):
-            raise ValueError("pixel_head replaces the per-token output, local_affine and refine_channels: it needs "
-                             "sim_residual=True and the other two off")
+        if pixel_head and not sim_residual:
+            raise ValueError("pixel_head replaces the per-token output with a gain and an offset on the residual's "
+                             "start: it needs sim_residual=True")
         if paste_twin_objects and not (sim_residual and in_channels == 3 and in_channels <= seg_channel <= sim_channels - 3):
             raise ValueError(f"paste_twin_objects needs sim_residual=True, pixel latents (in_channels=3, got {in_channels}) "
                              f"and the label video's 3 channels in the sim condition (seg_channel={seg_channel} of "
@@ -307,31 +295,6 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             self.head = nn.Sequential(nn.Conv2d(c_in, hidden, 1), nn.SiLU(), nn.Conv2d(hidden, 2 * in_channels, 1))
             nn.init.zeros_(self.head[-1].weight)
             nn.init.zeros_(self.head[-1].bias)
-        self.refine = None
-        if refine_channels:
-            # Per-frame convolutions at the full latent resolution over (patch output, noisy input, sim, mask):
-            # a token of a large patch sees the frame coarsely, the refinement puts back the sim render's
-            # edges (a 5-px cube) where the twin drew them. Zero-initialised last layer: starts as identity.
-            c_in = in_channels * 2 + sim_channels + 1
-            self.refine = nn.Sequential(nn.Conv2d(c_in, refine_channels, 3, padding=1), nn.SiLU(),
-                                        nn.Conv2d(refine_channels, refine_channels, 3, padding=1), nn.SiLU(),
-                                        nn.Conv2d(refine_channels, in_channels, 3, padding=1))
-            nn.init.zeros_(self.refine[-1].weight)
-            nn.init.zeros_(self.refine[-1].bias)
-        self.affine_proj = None
-        if local_affine:
-            # Per-pixel affine maps of the twin's own full-resolution features (1, the residual's start, the sim
-            # render and its control channels): each token predicts one map for each cell of a grid
-            # local_affine times finer than its patch (4: cells of 4x4 px for 16x16 patches). A real frame is
-            # the twin's surfaces (their albedo: the start; their orientation: the normals) times light and
-            # shadow, which vary slowly across the image; so a coarse grid of coefficients draws the frame at
-            # full resolution, edges and texture taken from the twin's features. Zero-initialised: starts as
-            # the residual alone. (Coefficients interpolated bilinearly between cells cost twice as much per
-            # training step here: the interpolated coefficients are a full-resolution tensor per feature.)
-            n_feat = 1 + in_channels + sim_channels
-            self.affine_proj = nn.Linear(dim, n_feat * in_channels * pt * local_affine * local_affine)
-            nn.init.zeros_(self.affine_proj.weight)
-            nn.init.zeros_(self.affine_proj.bias)
         if background_plate:
             # (C, H, W) latents, saved with the weights; zeros until fit_background_plate
             self.register_buffer("plate_sim", torch.zeros(in_channels, *sample_size))
@@ -461,20 +424,6 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         grouped = rearrange(actions, "b (t g) a -> b t (g a)", g=self.actions_per_token)
         return self.action_embed(grouped)
 
-    def _local_affine(self, h_out, start, sim, grid):
-        """sum_f coef_f(cell) * feature_f(pixel): one affine map per cell of a grid ``local_affine`` times finer
-        than the tokens (coefficients from the tokens ``h_out`` (B, N, D)), applied to the full-resolution
-        features (1, start, sim) of every pixel in the cell; start, sim (B, *, T, H, W)."""
-        c = self.config
-        B, C, T, H, W = start.shape
-        (Tt, Ht, Wt), (pt, g) = grid, (c.patch_size[0], c.local_affine)
-        feats = torch.cat([torch.ones_like(start[:, :1]), start, sim], dim=1).to(h_out.dtype)
-        cy, cx = H // (Ht * g), W // (Wt * g)  # pixels per cell
-        coef = rearrange(self.affine_proj(h_out), "b (t h w) (f c pt gh gw) -> b (t pt) f c (h gh) 1 (w gw) 1",
-                         t=Tt, h=Ht, w=Wt, f=feats.shape[1], c=C, pt=pt, gh=g, gw=g)
-        cells = rearrange(feats, "b f t (y cy) (x cx) -> b t f 1 y cy x cx", cy=cy, cx=cx)
-        return rearrange((coef * cells).sum(2), "b t c y cy x cx -> b c t (y cy) (x cx)")
-
     def _pixel_head(self, h_out, start, sim, mask, grid):
         """The x0 prediction at full resolution: start * (1 + gain) + offset, gain and offset per pixel from the
         tokens' features ``h_out`` (B, N, D) upsampled bilinearly and the twin's features (B, *, T, H, W)."""
@@ -548,17 +497,11 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             return x
         x = rearrange(self.proj_out(h_out), "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
-        if self.refine is not None:
-            frames = torch.cat([x, noisy_latents.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype)], dim=1)
-            frames = rearrange(frames, "b c t h w -> (b t) c h w")
-            x = x + rearrange(self.refine(frames), "(b t) c h w -> b c t h w", b=B)
         if c.sim_residual:
             start = self.residual_start(sim_latents) * sk
             if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
                 start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
             x = x + start.to(x.dtype)
-            if self.affine_proj is not None:
-                x = x + self._local_affine(h_out, start, sim_latents * sk, (Tt, Ht, Wt))
             if c.paste_twin_objects:
                 x = self._paste_twin_objects(x, sim_latents, sim_keep)
         return x

@@ -60,8 +60,6 @@ class ModelConfig:
     prediction_type: str = "velocity"  # velocity (v = noise - x0) | sample (x0, JiT-style; see model.py)
     sim_residual: bool = False  # sample only: x0 = sim + output when the sim video is given
     patch_bottleneck: int = 0  # > 0: JiT-style bottleneck patch embedding (large pixel patches)
-    refine_channels: int = 0  # > 0: full-resolution conv head over (x0 so far, noisy input, sim)
-    local_affine: int = 0  # > 0: per-pixel affine maps of the twin's features, on a grid this much finer than tokens
     # the twin's objects (labels >= 2 of the seg control) drawn as its render, recoloured per label (pixel codec)
     paste_twin_objects: bool = False
     background_plate: bool = False  # sim_residual: start from the real background plate where the sim shows it
@@ -199,11 +197,8 @@ class TranslatorConfig:
             raise ValueError(f"data.resolution={[H, W]} and data.num_frames={self.data.num_frames} must be divisible "
                              f"by model.patch_size={[pt, ph, pw]} (frames, height, width) in pixel space")
         m = self.model
-        if m.patch_bottleneck < 0 or m.refine_channels < 0:
-            raise ValueError("model.patch_bottleneck and model.refine_channels must be >= 0 (0 = off)")
-        if m.local_affine < 0 or (m.local_affine and (ph % m.local_affine or pw % m.local_affine)):
-            raise ValueError(f"model.local_affine={m.local_affine} must divide the patch's height and width "
-                             f"(model.patch_size={[pt, ph, pw]}): it is the number of cells per patch side (0 = off)")
+        if m.patch_bottleneck < 0:
+            raise ValueError(f"model.patch_bottleneck must be >= 0 (0 = off), got {m.patch_bottleneck}")
         if m.paste_twin_objects and not (m.sim_residual and self.codec.type == "pixel" and "seg" in self.data.controls):
             raise ValueError("model.paste_twin_objects=true needs model.sim_residual=true, codec.type=pixel and seg in "
                              f"data.controls (got {m.sim_residual}, {self.codec.type!r}, {list(self.data.controls)}): "
@@ -212,18 +207,14 @@ class TranslatorConfig:
                                                                         and "seg" in self.data.controls):
             raise ValueError("model.backdrop_from=labels needs codec.type=pixel and seg in data.controls (got "
                              f"{self.codec.type!r}, {list(self.data.controls)}): the backdrop is the twin's label 0")
-        if m.pixel_head and (m.local_affine or m.refine_channels or not m.sim_residual):
-            raise ValueError("model.pixel_head replaces the per-token output: it needs model.sim_residual=true and "
-                             f"model.local_affine and model.refine_channels 0 (got {m.sim_residual}, "
-                             f"{m.local_affine}, {m.refine_channels})")
+        if m.pixel_head and not m.sim_residual:
+            raise ValueError("model.pixel_head replaces the per-token output with a gain and an offset on the "
+                             "residual's start: it needs model.sim_residual=true and model.prediction_type=sample")
         if t.edge_weight and not (t.loss_target == "sample" and self.codec.type == "pixel"
                                   and "seg" in self.data.controls):
             raise ValueError("train.edge_weight compares the clean frame's edges around the twin's robot: it needs "
                              "train.loss_target=sample, codec.type=pixel and seg in data.controls (got "
                              f"{t.loss_target!r}, {self.codec.type!r}, {list(self.data.controls)})")
-        if m.local_affine and not (m.sim_residual and m.prediction_type == "sample"):
-            raise ValueError(f"model.local_affine={m.local_affine} needs model.sim_residual=true and "
-                             "model.prediction_type=sample: its maps act on the residual's start")
         ov = self.sampling.overlap
         if ov is not None and not 0 < ov < self.data.num_frames:
             raise ValueError(f"sampling.overlap must be in [1, data.num_frames={self.data.num_frames}) frames "
@@ -410,8 +401,8 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         depth=m.depth, heads=m.heads, mlp_ratio=m.mlp_ratio, actions_per_latent_frame=codec.temporal_factor,
         causal_first_frame=bool(codec.causal_first_frame), abs_pos_embed=m.abs_pos_embed,
         action_fourier=m.action_fourier, prediction_type=m.prediction_type,
-        sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck, refine_channels=m.refine_channels,
-        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance, local_affine=m.local_affine,
+        sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck,
+        background_plate=m.background_plate, plate_tolerance=m.plate_tolerance,
         paste_twin_objects=m.paste_twin_objects, backdrop_from=m.backdrop_from, pixel_head=m.pixel_head,
         head_cells=m.head_cells,
         seg_channel=codec.latent_channels + 3 * list(cfg.data.controls).index("seg") if "seg" in cfg.data.controls
