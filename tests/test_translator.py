@@ -575,6 +575,24 @@ def test_gpu_config_builds_and_takes_a_training_step_on_the_cpu(tmp_path):
     assert sum(p.numel() for p in pipe.transformer.parameters()) > 30e6
 
 
+def test_a_saved_model_with_a_removed_output_head_is_refused_by_name(trained, tmp_path):
+    """A checkpoint trained with an output head this version no longer has cannot be run: refused, naming the file
+    and the option, before any weight is read; the same option at 0 (off) loads."""
+    import json
+
+    for value, refused in ((4, True), (0, False)):
+        copy = tmp_path / f"local_affine_{value}"
+        shutil.copytree(trained, copy)
+        config = copy / "transformer" / "config.json"
+        config.write_text(json.dumps({**json.loads(config.read_text()), "local_affine": value}))
+        if refused:
+            with pytest.raises(TranslatorMismatchError, match=r"transformer/config.json: local_affine=4 .*pixel_head"):
+                TranslatorPipeline.from_pretrained(copy)
+        else:
+            assert TranslatorPipeline.from_pretrained(copy).transformer.config.pixel_head == \
+                TranslatorPipeline.from_pretrained(trained).transformer.config.pixel_head
+
+
 def test_save_pretrained_replaces_only_its_own_folders(trained, tmp_path):
     pipe = TranslatorPipeline.from_pretrained(trained)
     pipe.save_pretrained(tmp_path / "a")

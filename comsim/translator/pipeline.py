@@ -59,6 +59,12 @@ def own_sampling(saved: dict | SamplingParams | None) -> SamplingParams:
     return SamplingParams(**(saved or {})).resolved(DEFAULT_SAMPLING)
 
 
+# Output heads a saved model may name that this version does not have (what replaced each). At 0 (off) they are
+# ignored when loading.
+REMOVED_MODEL_OPTIONS = {"local_affine": "the per-pixel head, model.pixel_head, replaced it",
+                         "refine_channels": "the per-pixel head, model.pixel_head, replaced it"}
+
+
 class TranslatorPipeline:
     final_step_to_x0 = True  # a clean-frame model's last Euler step lands on its prediction (see _timesteps)
 
@@ -131,6 +137,13 @@ class TranslatorPipeline:
             norm = lambda v: list(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
             if norm(got) != norm(value):
                 raise TranslatorMismatchError(f"{directory}: this translator has {key}={got}, expected {value}")
+        model_config = json.loads((directory / "transformer" / "config.json").read_text())
+        for option, replacement in REMOVED_MODEL_OPTIONS.items():
+            if model_config.get(option):
+                raise TranslatorMismatchError(
+                    f"{directory / 'transformer' / 'config.json'}: {option}={model_config[option]} is an output head "
+                    f"this version no longer has ({replacement}); retrain with configs/translator/tiny_lab.yaml, or "
+                    "load it with the ComSim version that trained it")
         normalizer = ActionNormalizer.from_dict(json.loads((directory / "action_stats.json").read_text()))
         pipe = cls(CompositionalVideoDiT.from_pretrained(directory / "transformer"), load_codec(directory),
                    FlowMatchEulerDiscreteScheduler.from_pretrained(directory / "scheduler"), normalizer,
