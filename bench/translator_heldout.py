@@ -55,9 +55,11 @@ def ablation(a, TranslatorPipeline) -> dict:
     from comsim.metrics.robot_region import pool_robot_region, robot_region_scores
     from comsim.pipeline.robot_masks import RobotMasks
     from comsim.pipeline.stages import heldout_indices, token_px
+    from comsim.translator.data import camera_shifts
     from comsim.translator.sampling import SamplingParams
 
     pipe = TranslatorPipeline.from_pretrained(a.model)
+    shifts = camera_shifts(a.paired)
     ds, cam, res = LeRobotDataset(a.paired), pipe.camera, pipe.resolution
     w_action, w_sim = (float(x) for x in a.weights.split(":"))
     params = SamplingParams(w_action=w_action, w_sim=w_sim)
@@ -67,7 +69,9 @@ def ablation(a, TranslatorPipeline) -> dict:
             ep = ds.read_window(i, 0, min(a.frames, ds.episode_length(i)))
             region, robot = masks(i, res, len(ep.action))
             real = resize_frames(ep.frames[cam], res)
-            pred = pipe.translate_episode(ep, params, seed=i).frames[cam]
+            track = shifts.get(i)
+            pred = pipe.translate_episode(ep, params, seed=i,
+                                          camera_shift=None if track is None else track[:len(ep.action)]).frames[cam]
             scores.append(robot_region_scores(pred, real, region, robot, token_px(pipe)))
             pairs.append((pred, real))
     keys = ("psnr", "psnr_still", "psnr_moving", "ssim", "sharpness", "seam", "seam_real", "seam_near_robot",

@@ -175,6 +175,7 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
     from comsim.episode import resize_frames
     from comsim.metrics.evaluate import evaluate_video
     from comsim.metrics.fidelity import evaluate_object_fidelity, fit_fidelity_model
+    from comsim.translator.data import camera_shifts
     from comsim.translator.pipeline import TranslatorPipeline
 
     with torch_threads(1):  # the same numbers whether or not an earlier stage changed the thread count
@@ -186,12 +187,14 @@ def video_metrics(model_dir, run: RunLayout, converted: dict[str, Path]) -> dict
         parts = ("pseudo", "sim_only", "real")
         pseudo_dir, sim_dir, real_dir = (run.heldout_part(k) for k in parts)
         heldout = heldout_indices(run.paired)
+        shifts = camera_shifts(run.paired)  # each replayed episode's camera as the twin rendered it
         if not dataset_complete(pseudo_dir):
             writers = {k: DatasetWriter(run.heldout_part(k), ds.fps) for k in parts}
             for j, i in enumerate(heldout):
                 controls = [control_key(cam, c) for c in pipe.controls if control_key(cam, c) != seg]
                 ep = ds.read_episode(i, cameras=[cam, sim_key(cam), seg, *controls])
-                writers["pseudo"].add_episode(pipe.translate_episode(ep, seed=i), episode_index=j)
+                writers["pseudo"].add_episode(pipe.translate_episode(ep, seed=i, camera_shift=shifts.get(i)),
+                                              episode_index=j)
                 # the raw twin render and the real frames, at the translator's resolution, to score against
                 for k, frames in (("sim_only", resize_frames(ep.frames[sim_key(cam)], (H, W))),
                                   ("real", resize_frames(ep.frames[cam], (H, W)))):
@@ -233,6 +236,7 @@ def heldout_baselines(run: RunLayout, ds, cam: str, res: tuple[int, int], heldou
     ``run.baselines``, and their guesses of the held-out episodes written beside the translator's
     (``run.heldout_part(kind)``), so every one is scored on the same frames by the same code."""
     from comsim.translator.compositor import fit_baselines, load_baseline, training_pairs
+    from comsim.translator.data import camera_shifts
 
     kinds = ("raw", "global_color", "compositor")
     if all((run.baselines / k / "baseline.json").is_file() for k in kinds):
@@ -247,9 +251,10 @@ def heldout_baselines(run: RunLayout, ds, cam: str, res: tuple[int, int], heldou
             continue
         w = DatasetWriter(out, ds.fps)
         seg = seg_key(cam)
+        shifts = camera_shifts(ds.root)
         for j, i in enumerate(heldout):
             ep = ds.read_episode(i, cameras=[sim_key(cam), seg])
-            guess = type(ep)(frames={cam: bases[part].apply(ep), seg: ep.frames[seg]}, action=ep.action,
+            guess = type(ep)(frames={cam: bases[part].apply(ep, shifts.get(i)), seg: ep.frames[seg]}, action=ep.action,
                              state=ep.state, fps=ep.fps, task=ep.task, provenance=ep.provenance)
             w.add_episode(guess, episode_index=j)
         w.close()

@@ -11,6 +11,8 @@ labels), returning frames like the translator's (uint8 ``(T, H, W, 3)``):
   twin shows its backdrop, label 0) wherever the twin shows backdrop, and one affine colour map per
   twin label (robot, each object) elsewhere. Plate pixels the training frames never showed as
   backdrop (always behind the robot's base) and labels never seen in training take the global map.
+  Where the twin's replay followed a camera that moved (the paired dataset's ``camera_motion``), the plate
+  moves with it, relative to the mean shift of the frames it was fit on (a factory episode: shift 0).
 
 A translator is judged by its margin over the compositor, not over the raw render.
 
@@ -88,19 +90,35 @@ class Baseline:
     label_seen: np.ndarray | None = None  # (MAX_LABELS,) bool: the label had training pixels
     plate: np.ndarray | None = None  # (H, W, 3) uint8 real background plate
     plate_valid: np.ndarray | None = None  # (H, W) bool: some training frame showed backdrop there
+    plate_shift_px: tuple[float, float] = (0.0, 0.0)  # the mean camera shift (x, y) of the plate's frames
     fit_info: dict = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.kind
 
-    def apply(self, ep: Episode) -> np.ndarray:
+    def apply(self, ep: Episode, camera_shift: np.ndarray | None = None) -> np.ndarray:
         """uint8 (T, H, W, 3) at ``resolution``: this baseline's guess of the real frames of ``ep``
-        (which holds ``<cam>_sim`` and, for the compositor, ``<cam>_sim_seg``)."""
+        (which holds ``<cam>_sim`` and, for the compositor, ``<cam>_sim_seg``); ``camera_shift`` (T, 2) px:
+        the camera's shift per frame as the twin rendered it (None: 0, the calibrated camera)."""
         return self.apply_frames(ep.frames[sim_key(self.camera)],
-                                 ep.frames.get(seg_key(self.camera)) if self.kind == "compositor" else None)
+                                 ep.frames.get(seg_key(self.camera)) if self.kind == "compositor" else None,
+                                 camera_shift)
 
-    def apply_frames(self, sim: np.ndarray, seg: np.ndarray | None = None) -> np.ndarray:
+    def plate_at(self, shift) -> tuple[np.ndarray, np.ndarray]:
+        """(plate, valid) moved by ``shift`` (x, y) px minus the plate's own (bilinear; the border repeats)."""
+        d = np.asarray(shift, np.float64) - np.asarray(self.plate_shift_px, np.float64)
+        if not d.any():
+            return self.plate, self.plate_valid
+        import cv2
+
+        M, size = np.float32([[1, 0, d[0]], [0, 1, d[1]]]), self.plate.shape[1::-1]
+        return (cv2.warpAffine(self.plate, M, size, flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE),
+                cv2.warpAffine(self.plate_valid.astype(np.uint8), M, size, flags=cv2.INTER_NEAREST,
+                               borderMode=cv2.BORDER_REPLICATE).astype(bool))
+
+    def apply_frames(self, sim: np.ndarray, seg: np.ndarray | None = None,
+                     camera_shift: np.ndarray | None = None) -> np.ndarray:
         sim = resize_frames(sim, self.resolution)
         if self.kind == "raw":
             return sim
@@ -115,8 +133,14 @@ class Baseline:
                 continue
             m = labels == lab
             out[m] = _apply_map(self.label_maps[lab], sim[m])
-        bg = (labels == BACKGROUND) & self.plate_valid[None]
-        out[bg] = np.broadcast_to(self.plate, out.shape)[bg]
+        shifts = np.zeros((len(out), 2)) if camera_shift is None else np.asarray(camera_shift, np.float64)
+        if shifts.shape != (len(out), 2):
+            raise ValueError(f"compositor baseline: camera_shift: expected ({len(out)}, 2) px per frame, got "
+                             f"{shifts.shape}")
+        for k in range(len(out)):
+            plate, valid = self.plate_at(shifts[k])
+            bg = (labels[k] == BACKGROUND) & valid
+            out[k][bg] = plate[bg]
         return out
 
     # ---------------------------------------------------------------- save / load
@@ -137,7 +161,8 @@ class Baseline:
         with atomic_output(folder / TENSORS_NAME) as tmp:
             save_file(tensors, str(tmp))
         cfg = {"format": "comsim.baseline/1", "kind": self.kind, "camera": self.camera,
-               "resolution": list(self.resolution), "fit": self.fit_info}
+               "resolution": list(self.resolution), "plate_shift_px": [float(v) for v in self.plate_shift_px],
+               "fit": self.fit_info}
         with atomic_output(folder / CONFIG_NAME) as tmp:
             tmp.write_text(json.dumps(cfg, indent=1) + "\n")
         return folder
@@ -157,7 +182,7 @@ def load_baseline(folder: str | Path) -> Baseline:
                          f"'comsim.baseline/1' and one of {KINDS}")
     t = load_file(str(folder / TENSORS_NAME))
     b = Baseline(cfg["kind"], cfg["camera"], tuple(cfg["resolution"]), global_map=t["global_map"],
-                 fit_info=cfg.get("fit", {}))
+                 plate_shift_px=tuple(cfg.get("plate_shift_px", (0.0, 0.0))), fit_info=cfg.get("fit", {}))
     if b.kind == "compositor":
         b.label_maps, b.label_seen = t["label_maps"], t["label_seen"].astype(bool)
         b.plate, b.plate_valid = t["plate"], t["plate_valid"].astype(bool)
@@ -170,16 +195,18 @@ def load_baseline(folder: str | Path) -> Baseline:
 def fit_baselines(pairs, camera: str, resolution: tuple[int, int] | None = None,
                   plate_frames: int = PLATE_FRAMES) -> dict[str, Baseline]:
     """All three baselines from training pairs: ``pairs`` yields (real, sim, seg) uint8 videos (T, H, W, 3)
-    (seg: the twin's palette labels), e.g. ``training_pairs(dataset, camera, episodes)``.
+    (seg: the twin's palette labels) or (real, sim, seg, camera_shift (T, 2) px), e.g.
+    ``training_pairs(dataset, camera, episodes)``.
     ``resolution``: (H, W) to fit and render at (default: the first pair's)."""
     normal = _NormalEquations(MAX_LABELS + 1)  # the last row: every pixel (the global map)
-    reals, labels_kept, n_frames = [], [], 0
+    reals, labels_kept, shifts_kept, n_frames = [], [], [], 0
     pairs = list(pairs)
     if not pairs:
         raise ValueError("fit_baselines: no training pairs")
-    total = sum(len(r) for r, _, _ in pairs)
+    total = sum(len(p[0]) for p in pairs)
     stride = max(1, int(np.ceil(total / plate_frames)))
-    for real, sim, seg in pairs:
+    for real, sim, seg, *shift in pairs:
+        shift = np.asarray(shift[0], np.float64) if shift and shift[0] is not None else np.zeros((len(real), 2))
         res = tuple(resolution or real.shape[1:3])
         real, sim = resize_frames(real, res), resize_frames(sim, res)
         labels = labels_from_palette(seg, res)
@@ -191,6 +218,7 @@ def fit_baselines(pairs, camera: str, resolution: tuple[int, int] | None = None,
         keep = [k for k in range(len(real)) if (n_frames + k) % stride == 0]
         reals.append(real[keep])
         labels_kept.append(labels[keep])
+        shifts_kept.append(shift[keep])
         n_frames += len(real)
         resolution = res
     global_map = normal.solve(MAX_LABELS)
@@ -208,7 +236,9 @@ def fit_baselines(pairs, camera: str, resolution: tuple[int, int] | None = None,
     return {"raw": Baseline("raw", camera, res, fit_info=info),
             "global_color": Baseline("global_color", camera, res, global_map=global_map, fit_info=info),
             "compositor": Baseline("compositor", camera, res, global_map=global_map, label_maps=label_maps,
-                                   label_seen=seen, plate=plate, plate_valid=valid, fit_info=info)}
+                                   label_seen=seen, plate=plate, plate_valid=valid,
+                                   plate_shift_px=tuple(float(v) for v in np.concatenate(shifts_kept).mean(0)),
+                                   fit_info=info)}
 
 
 def background_plate(real: np.ndarray, background: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,17 +257,20 @@ def background_plate(real: np.ndarray, background: np.ndarray) -> tuple[np.ndarr
 
 
 def training_pairs(dataset, camera: str, episodes):
-    """(real, sim, seg) videos of ``episodes`` of a paired LeRobot dataset (path or LeRobotDataset)."""
+    """(real, sim, seg, camera_shift) of ``episodes`` of a paired LeRobot dataset (path or LeRobotDataset):
+    the videos, and the camera's shift per frame as the twin rendered it (``camera_shifts``; 0 if it did not move)."""
     from comsim.io.lerobot import LeRobotDataset
+    from comsim.translator.data import camera_shifts
 
     ds = dataset if isinstance(dataset, LeRobotDataset) else LeRobotDataset(dataset)
+    shifts = camera_shifts(ds.root)
     keys = [camera, sim_key(camera), seg_key(camera)]
     missing = [k for k in keys if k not in ds.camera_keys]
     if missing:
         raise ValueError(f"{ds.root}: the baselines need the videos {keys}; missing {missing}")
     for e in episodes:
         ep = ds.read_episode(e, cameras=keys)
-        yield ep.frames[camera], ep.frames[sim_key(camera)], ep.frames[seg_key(camera)]
+        yield ep.frames[camera], ep.frames[sim_key(camera)], ep.frames[seg_key(camera)], shifts.get(e)
 
 
 def fit_baseline(kind: str, dataset, camera: str, episodes, resolution: tuple[int, int] | None = None) -> Baseline:

@@ -81,12 +81,36 @@ class ActionNormalizer:
 
 
 # -- sources --------------------------------------------------------------------------------
+# The twin's replay writes each episode's camera motion since the calibration stills here, in its paired dataset's
+# folder (comsim.twin.replay.ALIGNMENT_FILE): "camera_motion" -> {episode: {"moved", "track_px" (n, 2) per frame}}.
+ALIGNMENT_FILE = "twin_alignment.json"
+
+
+def camera_shifts(root) -> dict[int, np.ndarray]:
+    """{episode: (n, 2) px} the camera's image shift per frame as the twin rendered it, for the episodes of the
+    paired dataset ``root`` whose camera moved (the replay follows those frame by frame); an episode not listed
+    was rendered at the calibrated camera (shift 0). {} for a dataset without the replay's alignment file."""
+    path = Path(root) / ALIGNMENT_FILE
+    if not path.is_file():
+        return {}
+    try:
+        motion = json.loads(path.read_text()).get("camera_motion") or {}
+        return {int(e): np.asarray(m["track_px"], np.float32).reshape(-1, 2)
+                for e, m in motion.items() if m and m.get("moved")}
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        from comsim.errors import InputError
+
+        raise InputError(str(path), "camera_motion", "{episode: {moved, track_px: [[x, y] per frame]}}",
+                         f"unreadable ({err})") from None
+
+
 class _EpisodeSource:
     """In-memory episodes behind the LeRobotDataset reading API used here."""
 
-    def __init__(self, episodes: list[Episode]):
+    def __init__(self, episodes: list[Episode], shifts: dict[int, np.ndarray] | None = None):
         self.episodes = list(episodes)
         self.fps = self.episodes[0].fps if self.episodes else 10.0
+        self.camera_shifts = dict(shifts or {})
 
     def __len__(self):
         return len(self.episodes)
@@ -114,6 +138,7 @@ def _open_source(src):
 
         ds = LeRobotDataset(src)
         ds._comsim_root = Path(src)
+        ds.camera_shifts = camera_shifts(src)
         return ds
     if isinstance(src, (list, tuple)) and (len(src) == 0 or isinstance(src[0], Episode)):
         return _EpisodeSource(src)
@@ -132,7 +157,7 @@ def preload_source(src, cameras: list[str], resolution: tuple[int, int]):
         ep = ds.read_episode(i, cameras=cameras)
         eps.append(dataclasses.replace(ep, frames={k: resize_frames(v, resolution) for k, v in ep.frames.items()},
                                        extra={}))
-    out = _EpisodeSource(eps)
+    out = _EpisodeSource(eps, getattr(ds, "camera_shifts", None))
     out.fps = float(getattr(ds, "fps", out.fps))
     return out
 
@@ -154,7 +179,8 @@ def _source_stats(ds):
 
 
 class PairedWindowDataset(torch.utils.data.Dataset):
-    """Windows of ``num_frames`` frames: {"target": (3,T,H,W), "sim": (Cs,T,H,W), "actions": (T,A)}.
+    """Windows of ``num_frames`` frames: {"target": (3,T,H,W), "sim": (Cs,T,H,W), "actions": (T,A),
+    "camera_shift": (T, 2) px (``camera_shifts``; 0 where the twin rendered at the calibrated camera)}.
 
     Args:
         sources: list of LeRobot dataset paths/objects, or ONE list of Episodes.
@@ -219,7 +245,21 @@ class PairedWindowDataset(torch.utils.data.Dataset):
                              f"{self.normalizer.dim}")
         vids = [video_to_tensor(resize_frames(ep.frames[k], self.resolution)) for k in self.keys]
         return {"target": vids[0], "sim": torch.cat(vids[1:]), "episode": torch.tensor([s, e, t]),
-                "actions": torch.from_numpy(self.normalizer.normalize(ep.action))}
+                "actions": torch.from_numpy(self.normalizer.normalize(ep.action)),
+                "camera_shift": torch.from_numpy(self.window_shift(s, e, t))}
+
+    def window_shift(self, s: int, e: int, t: int) -> np.ndarray:
+        """(T, 2) px: the camera shift of frames t..t+T of episode e of source s (0 if it did not move)."""
+        track = getattr(self.sources[s], "camera_shifts", {}).get(e)
+        if track is None:
+            return np.zeros((self.num_frames, 2), np.float32)
+        if len(track) != self.sources[s].episode_length(e):
+            from comsim.errors import InputError
+
+            root = getattr(self.sources[s], "_comsim_root", "in-memory episodes")
+            raise InputError(f"{root}/{ALIGNMENT_FILE}", f"camera_motion.{e}.track_px",
+                             f"{self.sources[s].episode_length(e)} frames (the episode's length)", f"{len(track)}")
+        return np.ascontiguousarray(track[t:t + self.num_frames], np.float32)
 
 
 def split_episodes(dataset_sizes: list[int], val_episodes: int) -> tuple[list, list]:

@@ -26,8 +26,10 @@ def branch_coefficients(w_action: float, w_sim: float) -> dict[str, float]:
     return {k: c for k, c in coefs.items() if c != 0.0} or {"none": 0.0}
 
 
-def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: float, w_sim: float):
-    """Composed velocity for ``latents`` (B, C, T, H, W) at ``timestep`` (B,) = sigma * 1000, one model call."""
+def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: float, w_sim: float,
+                    camera_shift=None):
+    """Composed velocity for ``latents`` (B, C, T, H, W) at ``timestep`` (B,) = sigma * 1000, one model call;
+    ``camera_shift`` (B, T, 2) px or None, for a model whose plate follows the camera."""
     B = latents.shape[0]
     coefs = branch_coefficients(w_action, w_sim)
     names = list(coefs)
@@ -36,7 +38,8 @@ def guided_velocity(model, latents, timestep, actions, sim_latents, w_action: fl
     action_keep = torch.tensor([BRANCHES[k][0] for k in names], device=dev).repeat_interleave(B)
     sim_keep = torch.tensor([BRANCHES[k][1] for k in names], device=dev).repeat_interleave(B)
     v = model(latents.repeat(n, 1, 1, 1, 1), timestep.repeat(n), actions.repeat(n, 1, 1),
-              sim_latents.repeat(n, 1, 1, 1, 1), action_keep=action_keep, sim_keep=sim_keep)
+              sim_latents.repeat(n, 1, 1, 1, 1), action_keep=action_keep, sim_keep=sim_keep,
+              **({} if camera_shift is None else {"camera_shift": camera_shift.repeat(n, 1, 1)}))
     v = v.float().view(n, B, *v.shape[1:])
     out = sum(coefs[k] * v[i] for i, k in enumerate(names))
     # The coefficients sum to 1 and the map to a velocity is affine in the output: composing

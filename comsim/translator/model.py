@@ -180,6 +180,11 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             does not cover keep the sim render as their start. A sample without sim starts from the
             plate everywhere, so the guided branches share the same background texture and the guidance
             does not amplify it.
+        plate_follows_camera: with ``background_plate`` (pixel latents): the real plate is moved, frame by frame,
+            by the camera's image shift (``camera_shift``, px, as the twin's replay measured and rendered it) minus
+            the mean shift of the frames it was fit on: a camera bumped or drifting by a pixel moves the wall and
+            the table with it, and the twin's render already follows it. No shift given (a factory episode,
+            rendered at the calibrated camera): shift 0.
         plate_tolerance: how far (latent units, summed over channels) a sim pixel may be from the twin's
             plate and still count as background: 0.38 is 48 of 255 grey levels in pixel space.
         patch_bottleneck: > 0: the patch embedding goes through this many values first (JiT's
@@ -221,6 +226,7 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         backdrop_from: str = "colour",
         pixel_head: int = 0,
         head_cells: int = 4,
+        plate_follows_camera: bool = False,
     ):
         super().__init__()
         if prediction_type not in PREDICTION_TYPES:
@@ -253,6 +259,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         if pixel_head and not sim_residual:
             raise ValueError("pixel_head replaces the per-token output with a gain and an offset on the residual's "
                              "start: it needs sim_residual=True")
+        if plate_follows_camera and not (background_plate and in_channels == 3):
+            raise ValueError(f"plate_follows_camera moves the real background plate in pixels: it needs background_plate=True "
+                             f"and pixel latents (in_channels=3, got {in_channels})")
         if paste_twin_objects and not (sim_residual and in_channels == 3 and in_channels <= seg_channel <= sim_channels - 3):
             raise ValueError(f"paste_twin_objects needs sim_residual=True, pixel latents (in_channels=3, got {in_channels}) "
                              f"and the label video's 3 channels in the sim condition (seg_channel={seg_channel} of "
@@ -299,6 +308,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
             # (C, H, W) latents, saved with the weights; zeros until fit_background_plate
             self.register_buffer("plate_sim", torch.zeros(in_channels, *sample_size))
             self.register_buffer("plate_real", torch.zeros(in_channels, *sample_size))
+        if plate_follows_camera:
+            # (x, y) px: the mean camera shift of the frames the plate was fit on (where plate_real sits)
+            self.register_buffer("plate_shift_px", torch.zeros(2))
         if paste_twin_objects:
             # (labels, C, C + 1): real = A[:, :C] @ sim + A[:, C] per object label; identity until fit_object_colours
             identity = torch.cat([torch.eye(in_channels), torch.zeros(in_channels, 1)], dim=1)
@@ -306,12 +318,14 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         self._rope_cache: dict = {}
 
     @torch.no_grad()
-    def fit_background_plate(self, real_latents: torch.Tensor, sim_latents: torch.Tensor) -> float:
+    def fit_background_plate(self, real_latents: torch.Tensor, sim_latents: torch.Tensor,
+                             camera_shift: torch.Tensor | None = None) -> float:
         """Set the two plates from training frames ``(N, C, H, W)``: the twin's is the per-pixel median of
         the sim frames (the arm covers any pixel in fewer than half of them); the real one the per-pixel
         median of the real frames where the sim frame shows that background. A pixel the arm always
         covers keeps the twin's plate, so there the residual starts from the sim render as without a
-        plate. Returns the fraction of (frame, pixel) pairs counted as background."""
+        plate. With ``plate_follows_camera``, ``camera_shift`` (N, 2) px is each frame's camera shift: the plate
+        then sits at their mean. Returns the fraction of (frame, pixel) pairs counted as background."""
         if not self.config.background_plate:
             raise ValueError("fit_background_plate: this model has background_plate=False")
         C, H, W = self.plate_sim.shape
@@ -327,6 +341,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         plate_real = real.masked_fill(~background, float("nan")).nanmedian(dim=0).values
         plate_real = torch.where(plate_real.isnan(), plate_sim, plate_real)
         self.plate_real.copy_(plate_real)
+        if self.config.plate_follows_camera:
+            shift = torch.zeros(len(real), 2) if camera_shift is None else camera_shift.float().cpu().reshape(len(real), 2)
+            self.plate_shift_px.copy_(shift.mean(0))
         return float(background.float().mean())
 
     @torch.no_grad()
@@ -381,17 +398,38 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         plate_sim = self.plate_sim.to(sim_latents).view(1, -1, *([1] * (sim_latents.dim() - 4)), *self.plate_sim.shape[1:])
         return (sim_latents - plate_sim).abs().sum(1, keepdim=True) < self.config.plate_tolerance
 
-    def residual_start(self, sim_latents: torch.Tensor) -> torch.Tensor:
+    def plate(self, like: torch.Tensor, camera_shift: torch.Tensor | None = None) -> torch.Tensor:
+        """The real background plate for sim latents ``like`` (B, C, T, H, W): (1, C, 1, H, W), or with
+        ``plate_follows_camera`` (B, C, T, H, W), moved per frame by ``camera_shift`` (B, T, 2) px (None: 0) minus
+        the fit frames' mean shift (bilinear; the border repeats)."""
+        plate = self.plate_real.to(like)
+        if not self.config.plate_follows_camera:
+            return plate[None, :, None]
+        B, _, T, H, W = like.shape
+        shift = torch.zeros(B, T, 2) if camera_shift is None else camera_shift.float().cpu().expand(B, T, 2)
+        d = (shift - self.plate_shift_px.float().cpu()).reshape(B * T, 2)
+        if not d.any():  # a camera that never moved: the plate as fit, untouched by interpolation
+            return plate[None, :, None]
+        ys, xs = torch.meshgrid(torch.arange(H, dtype=torch.float32), torch.arange(W, dtype=torch.float32), indexing="ij")
+        # output pixel (x, y) reads the plate at (x - dx, y - dy): the image moves by the camera's shift
+        gx = (xs[None] - d[:, 0, None, None] + 0.5) / W * 2 - 1
+        gy = (ys[None] - d[:, 1, None, None] + 0.5) / H * 2 - 1
+        grid = torch.stack([gx, gy], -1).to(like.device, plate.dtype)
+        moved = F.grid_sample(plate.expand(B * T, -1, -1, -1), grid, mode="bilinear", padding_mode="border",
+                              align_corners=False)
+        return rearrange(moved, "(b t) c h w -> b c t h w", b=B)
+
+    def residual_start(self, sim_latents: torch.Tensor, camera_shift: torch.Tensor | None = None) -> torch.Tensor:
         """What the x0 prediction adds the network's output to: the sim render (the first C channels of the sim
-        condition ``(B, Cs, T, H, W)``), or with the background plate, the real plate wherever the twin shows
-        its backdrop."""
+        condition ``(B, Cs, T, H, W)``), or with the background plate, the real plate (``plate``, following the
+        camera's ``camera_shift`` (B, T, 2) px with ``plate_follows_camera``) wherever the twin shows its backdrop."""
         render = sim_latents[:, :self.config.in_channels]
         if not self.config.background_plate:
             return render
         if tuple(sim_latents.shape[-2:]) != tuple(self.plate_sim.shape[-2:]):
             raise ValueError(f"background_plate: the plate is {tuple(self.plate_sim.shape[-2:])} latent pixels, the sim "
                              f"latents are {tuple(sim_latents.shape[-2:])}: a plate model runs at its own resolution")
-        return torch.where(self.shows_backdrop(sim_latents), self.plate_real.to(sim_latents)[None, :, None], render)
+        return torch.where(self.shows_backdrop(sim_latents), self.plate(render, camera_shift), render)
 
     # -- helpers ---------------------------------------------------------------------------
     def expected_action_frames(self, latent_frames: int) -> int:
@@ -442,7 +480,8 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         return rearrange(out, "(b t) c h w -> b c t h w", b=B)
 
     # -- forward ---------------------------------------------------------------------------
-    def forward(self, noisy_latents, timestep, actions, sim_latents, action_keep=None, sim_keep=None):
+    def forward(self, noisy_latents, timestep, actions, sim_latents, action_keep=None, sim_keep=None,
+                camera_shift=None):
         c = self.config
         B, C, T, H, W = noisy_latents.shape
         pt, ph, pw = c.patch_size
@@ -488,9 +527,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         shift, scale = self.ada_out(F.silu(cond)).repeat_interleave(Ht * Wt, dim=1).chunk(2, dim=-1)
         h_out = self.norm_out(x) * (1 + scale) + shift
         if self.head is not None:
-            start = self.residual_start(sim_latents) * sk
+            start = self.residual_start(sim_latents, camera_shift) * sk
             if c.background_plate:  # without the sim, from the plate (as below)
-                start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
+                start = start + (1 - sk) * self.plate(start, camera_shift)
             x = self._pixel_head(h_out, start.to(dtype), (sim_latents * sk).to(dtype), mask.to(dtype), (Tt, Ht, Wt))
             if c.paste_twin_objects:
                 x = self._paste_twin_objects(x, sim_latents, sim_keep)
@@ -498,9 +537,9 @@ class CompositionalVideoDiT(ModelMixin, ConfigMixin):
         x = rearrange(self.proj_out(h_out), "b (t h w) (c pt ph pw) -> b c (t pt) (h ph) (w pw)",
                       t=Tt, h=Ht, w=Wt, pt=pt, ph=ph, pw=pw)
         if c.sim_residual:
-            start = self.residual_start(sim_latents) * sk
+            start = self.residual_start(sim_latents, camera_shift) * sk
             if c.background_plate:  # without the sim, from the plate: every branch shares the cell's background
-                start = start + (1 - sk) * self.plate_real.to(start)[None, :, None]
+                start = start + (1 - sk) * self.plate(start, camera_shift)
             x = x + start.to(x.dtype)
             if c.paste_twin_objects:
                 x = self._paste_twin_objects(x, sim_latents, sim_keep)

@@ -238,8 +238,9 @@ class TranslatorPipeline:
 
     @torch.no_grad()
     def _sample_window(self, sim_lat, actions, noise, num_steps, w_action, w_sim, strength, known=None,
-                       generator=None, precision: str = "fp32"):
-        """Denoise one window with the scheduler; ``known`` (B, C, k, h, w) pins the first k latent frames."""
+                       generator=None, precision: str = "fp32", camera_shift=None):
+        """Denoise one window with the scheduler; ``known`` (B, C, k, h, w) pins the first k latent frames;
+        ``camera_shift`` (B, T, 2) px or None."""
         model, scheduler = self.transformer, self.scheduler
         dtype = next(model.parameters()).dtype
         # 1. timesteps, and the sigma (noise level) of each
@@ -258,14 +259,15 @@ class TranslatorPipeline:
             #     matmuls under autocast; the composition and the step stay float32)
             with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
                 v = guided_velocity(model, x.to(dtype), t.expand(x.shape[0]).float(), actions.to(dtype),
-                                    sim_lat.to(dtype), w_action, w_sim)
+                                    sim_lat.to(dtype), w_action, w_sim, camera_shift)
             # 3c. the scheduler's step (an Euler step of the flow ODE for FlowMatchEulerDiscreteScheduler)
             x = scheduler.step(v, t, x, generator=generator, return_dict=False)[0]
         return x
 
     @torch.no_grad()
     def __call__(self, sim_video, actions, sampling: SamplingParams | None = None, seed: int = 0,
-                 controls: dict | None = None, progress: bool = False, precision: str = "fp32") -> np.ndarray:
+                 controls: dict | None = None, progress: bool = False, precision: str = "fp32",
+                 camera_shift=None) -> np.ndarray:
         """Translate ``sim_video`` uint8 (T, H, W, 3) [or (B, T, H, W, 3)] with raw ``actions`` (T, A)
         [or (B, T, A)] into uint8 pseudo-real frames of the same shape.
 
@@ -280,6 +282,9 @@ class TranslatorPipeline:
             controls: {name: uint8 video} for a translator trained with control channels.
             precision: fp32, or bf16 (the transformer under torch.autocast: on CPUs with AMX /
                 AVX512-BF16 ~0.85 of the float32 time, frames within a few grey levels).
+            camera_shift: (T, 2) [or (B, T, 2)] px, the camera's image shift per frame as the twin rendered it
+                (a replayed real episode whose camera moved: ``camera_shifts``); None: 0 (a factory episode, at
+                the calibrated camera). Used by a model whose plate follows the camera, ignored otherwise.
         """
         if precision not in PRECISIONS:
             raise ValueError(f"precision: expected one of {PRECISIONS}, got {precision!r}")
@@ -295,6 +300,14 @@ class TranslatorPipeline:
             ctrl = [np.concatenate([c, np.repeat(c[:, -1:], pad, 1)], 1) for c in ctrl]
         T = sim.shape[1]
         dev = self.device
+        shift = None
+        if camera_shift is not None and getattr(self.transformer.config, "plate_follows_camera", False):
+            shift = torch.as_tensor(np.asarray(camera_shift, np.float32))
+            shift = shift if shift.dim() == 3 else shift[None].expand(B, -1, -1)
+            if tuple(shift.shape) != (B, L, 2):
+                raise ValueError(f"camera_shift: expected ({L}, 2) px per frame, got {tuple(np.shape(camera_shift))}")
+            if L < N:
+                shift = torch.cat([shift, shift[:, -1:].expand(B, N - L, 2)], 1)
         sim_px = torch.cat([video_to_tensor(v) for v in [sim] + ctrl], dim=1)  # (B, Cs_px, T, H, W)
         act_n = torch.from_numpy(self.normalizer.normalize(act))
         gen = torch.Generator().manual_seed(int(seed))
@@ -326,7 +339,8 @@ class TranslatorPipeline:
                     ref = torch.cat([out[:, :, s:done], sim_px[:, :3, done:s + N]], dim=2)
                     known = self.codec.encode(ref.to(dev))[:, :, :1 + (k_px - 1) // self.codec.temporal_factor]
             lat = self._sample_window(sim_lat, act_n[:, sl].to(dev), noise.to(dev), num_steps, w_action,
-                                      w_sim, strength, known, generator=gen, precision=precision)
+                                      w_sim, strength, known, generator=gen, precision=precision,
+                                      camera_shift=None if shift is None else shift[:, sl])
             video = self.codec.decode(lat).float().cpu()
             if k_px > 0:  # linear cross-fade from the previous result to this window over the overlap
                 ramp = torch.arange(1, k_px + 1, dtype=torch.float32) / (k_px + 1)
@@ -340,7 +354,7 @@ class TranslatorPipeline:
         return frames if batched else frames[0]
 
     def translate_episode(self, episode, sampling: SamplingParams | None = None, seed: int = 0,
-                          extra: dict | None = None, **kwargs):
+                          extra: dict | None = None, camera_shift=None, **kwargs):
         """A pseudo-real Episode from a sim or paired Episode (its ``<camera>_sim`` frames and actions).
 
         The one place a pseudo-real episode is made (``comsim convert`` and the demo's held-out
@@ -349,6 +363,8 @@ class TranslatorPipeline:
         replaced by the generated ones, and provenance: source ``pseudo_real``, this translator's
         hash, ``guidance`` = the SamplingParams as sampled, every field filled (and ``precision``
         when not fp32), the seed, and in ``extra`` the sim episode's seed and provenance (plus ``extra``).
+        ``camera_shift``: a replayed real episode's per-frame camera shift (``comsim.translator.data.camera_shifts``
+        of its paired dataset), for a model whose plate follows the camera; None for a factory episode.
         """
         key = sim_key(self.camera)
         if key not in episode.frames:
@@ -358,7 +374,7 @@ class TranslatorPipeline:
                     if control_key(self.camera, c) in episode.frames} or None
         sampling = (sampling or SamplingParams()).resolved(self.sampling)
         sampling.overlap = self.resolve_overlap(sampling.overlap)
-        frames = self(sim, episode.action, sampling, seed=seed, controls=controls, **kwargs)
+        frames = self(sim, episode.action, sampling, seed=seed, controls=controls, camera_shift=camera_shift, **kwargs)
         src = episode.provenance
         prov = Provenance(source="pseudo_real", task=src.task, seed=int(seed), twin_spec_hash=src.twin_spec_hash,
                           translator_hash=getattr(self, "checkpoint_hash", None),

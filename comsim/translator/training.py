@@ -71,6 +71,9 @@ class ModelConfig:
     # > 0: a full-resolution head of this many channels replaces the per-token output (see model.py)
     pixel_head: int = 0
     head_cells: int = 4  # pixel_head: feature cells per patch side, upsampled bilinearly to every pixel
+    # background_plate (pixel codec): the real plate moves with the camera's per-frame shift that the twin's replay
+    # measured and rendered (its paired dataset's twin_alignment.json; 0 for factory episodes)
+    plate_follows_camera: bool = False
     gradient_checkpointing: bool = False
 
 
@@ -207,6 +210,10 @@ class TranslatorConfig:
                                                                         and "seg" in self.data.controls):
             raise ValueError("model.backdrop_from=labels needs codec.type=pixel and seg in data.controls (got "
                              f"{self.codec.type!r}, {list(self.data.controls)}): the backdrop is the twin's label 0")
+        if m.plate_follows_camera and not (m.background_plate and self.codec.type == "pixel"):
+            raise ValueError("model.plate_follows_camera moves the real background plate in pixels: it needs "
+                             f"model.background_plate=true and codec.type=pixel (got {m.background_plate}, "
+                             f"{self.codec.type!r})")
         if m.pixel_head and not m.sim_residual:
             raise ValueError("model.pixel_head replaces the per-token output with a gain and an offset on the "
                              "residual's start: it needs model.sim_residual=true and model.prediction_type=sample")
@@ -404,7 +411,7 @@ def build_model(cfg: TranslatorConfig, codec, action_dim: int) -> CompositionalV
         sim_residual=m.sim_residual, patch_bottleneck=m.patch_bottleneck,
         background_plate=m.background_plate, plate_tolerance=m.plate_tolerance,
         paste_twin_objects=m.paste_twin_objects, backdrop_from=m.backdrop_from, pixel_head=m.pixel_head,
-        head_cells=m.head_cells,
+        head_cells=m.head_cells, plate_follows_camera=m.plate_follows_camera,
         seg_channel=codec.latent_channels + 3 * list(cfg.data.controls).index("seg") if "seg" in cfg.data.controls
         else -1)
     if m.gradient_checkpointing:
@@ -422,17 +429,19 @@ def fit_on_training_pairs(model: CompositionalVideoDiT, train_ds: PairedWindowDa
     windows = [i for i, (_, _, t) in enumerate(train_ds.index) if t % T == 0]
     windows = windows[::max(1, -(-len(windows) * T // max_frames))]
     C = model.config.in_channels
-    real, sim = [], []
+    real, sim, shift = [], [], []
     for i in windows:
         item = train_ds[i]
         z_real = codec.encode(item["target"][None].to(device))
         z_sim = encode_condition(codec, item["sim"][None].to(device))
         real.append(z_real.transpose(1, 2).flatten(0, 1))  # (B, C, T, h, w) -> (B*T, C, h, w)
         sim.append(z_sim.transpose(1, 2).flatten(0, 1))
-    real, sim = torch.cat(real), torch.cat(sim)
+        shift.append(item["camera_shift"])  # (T, 2): a pixel codec, one latent frame per frame
+    real, sim, shift = torch.cat(real), torch.cat(sim), torch.cat(shift)
     fitted = {}
     if model.config.background_plate:
-        fitted["background"] = model.fit_background_plate(real, sim)
+        fitted["background"] = model.fit_background_plate(
+            real, sim, shift if getattr(model.config, "plate_follows_camera", False) else None)
     if model.config.paste_twin_objects:
         fitted["object_pixels"] = model.fit_object_colours(real, sim)
     return fitted
@@ -494,10 +503,11 @@ def edge_loss(pred: torch.Tensor, target: torch.Tensor, band: torch.Tensor) -> t
 
 def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
                        prediction_type: str = "velocity", weight: torch.Tensor | None = None,
-                       edge_band: torch.Tensor | None = None):
+                       edge_band: torch.Tensor | None = None, camera_shift: torch.Tensor | None = None):
     """One rectified-flow loss with independent condition dropout; all draws from ``generator``. ``weight``
     (B, 1, T, H, W): per-pixel weights of the squared error (a weighted mean). ``edge_band`` (B, 1, T, H, W):
-    where ``cfg.edge_weight`` compares edge strengths (``robot_edge_band``)."""
+    where ``cfg.edge_weight`` compares edge strengths (``robot_edge_band``). ``camera_shift`` (B, T, 2) px: for a
+    model whose plate follows the camera."""
     B, dev = x0.shape[0], x0.device
     noise = torch.randn(x0.shape, generator=generator).to(dev)
     t = torch.sigmoid(cfg.logit_normal_mean + cfg.logit_normal_std * torch.randn(B, generator=generator)).to(dev)
@@ -506,7 +516,8 @@ def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig,
     tt = t.view(B, 1, 1, 1, 1)
     x_t = (1 - tt) * x0 + tt * noise
     with autocast() if autocast is not None else contextlib.nullcontext():
-        out = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep)
+        out = model(x_t, t * 1000.0, actions, sim_lat, action_keep=action_keep, sim_keep=sim_keep,
+                    **({} if camera_shift is None else {"camera_shift": camera_shift}))
     if cfg.loss_target == "sample":  # the clean frame: x0 = x_t - t v for a velocity model
         pred = out.float() if prediction_type == "sample" else x_t.float() - tt * out.float()
         target = x0.float()
@@ -680,8 +691,9 @@ def _train(cfg: TranslatorConfig, resume_from_checkpoint: str | None, stop_at_st
             if tc.object_weight != 1.0:  # from the pixel sim condition (latent mode has no pixels: checked above)
                 weight = 1 + (tc.object_weight - 1) * object_pixels(sim, cfg.data.controls, x0.shape[2:])
             band = robot_edge_band(sim, cfg.data.controls) if tc.edge_weight else None
+            shift = batch["camera_shift"] if cfg.model.plate_follows_camera else None
             loss = flow_matching_loss(model, x0, sim_lat, actions, gen, tc, accelerator.autocast,
-                                      cfg.model.prediction_type, weight, band)
+                                      cfg.model.prediction_type, weight, band, shift)
             accelerator.backward(loss)
             if accelerator.sync_gradients and tc.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(model.parameters(), tc.max_grad_norm)
@@ -840,7 +852,8 @@ def validate(cfg: TranslatorConfig, accelerator, pipe: TranslatorPipeline, val_d
         sim = resize_frames(ep.frames[val_ds.keys[1]], val_ds.resolution)
         real = resize_frames(ep.frames[val_ds.keys[0]], val_ds.resolution)
         controls = {c: resize_frames(ep.frames[k], val_ds.resolution) for c, k in zip(cfg.data.controls, val_ds.keys[2:])}
-        gen = pipe(sim, ep.action, cfg.sampling.params(), seed=cfg.train.seed, controls=controls or None)
+        gen = pipe(sim, ep.action, cfg.sampling.params(), seed=cfg.train.seed, controls=controls or None,
+                   camera_shift=val_ds.window_shift(s, e, t))
         sims.append(sim), gens.append(gen), reals.append(real)
     metrics = {"val_psnr": mean_psnr(zip(gens, reals)), "val_psnr_sim": mean_psnr(zip(sims, reals))}
     accelerator.log(metrics, step=step)
