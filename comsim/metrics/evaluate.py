@@ -67,7 +67,8 @@ class VideoSource(ABC):
 
     def labels(self, i: int) -> np.ndarray:
         """The twin's label video (``<cam>_sim_seg``) of episode ``i``, where ``has_labels``."""
-        raise NotImplementedError(f"{self.path}: a {self.kind} source has no label video")
+        raise InputError(str(self.path), "labels", f"a LeRobot dataset with the twin's label video (a {self.kind} "
+                         "source has none: check has_labels() first)")
 
 
 class LeRobotSource(VideoSource):
