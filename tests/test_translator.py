@@ -411,35 +411,6 @@ def test_sample_loss_compares_clean_frames():
         micro_cfg("unused", "train.loss_target=noise")
 
 
-def test_branch_probs_train_only_the_branches_sampling_composes():
-    """train.branch_probs: every sample trains one of none / action / sim, at those rates; the both-kept branch,
-    which composed guidance never evaluates, is not trained. Without it the drops stay independent."""
-    from comsim.translator.guidance import BRANCHES
-
-    seen = []
-
-    def spy(x_t, t, actions, sim, action_keep, sim_keep, **kw):
-        seen.append(torch.stack([action_keep, sim_keep], 1))
-        return torch.zeros_like(x_t)
-
-    x0 = torch.zeros(4000, 3, 1, 4, 4)
-    cfg = micro_cfg("unused", "train.loss_target=sample", "train.branch_probs={none: 0.2, action: 0.3, sim: 0.5}")
-    flow_matching_loss(spy, x0, x0, torch.zeros(4000, 1, 8), torch.Generator().manual_seed(0), cfg.train,
-                       prediction_type="sample")
-    keeps = seen[-1]
-    rates = {k: float((keeps == torch.tensor(v)).all(1).float().mean()) for k, v in BRANCHES.items()}
-    assert not (keeps[:, 0] & keeps[:, 1]).any()
-    assert rates == pytest.approx({"none": 0.2, "action": 0.3, "sim": 0.5}, abs=0.03)
-    independent = micro_cfg("unused", "train.loss_target=sample", "train.p_drop_sim=0.5", "train.p_drop_action=0.5")
-    flow_matching_loss(spy, x0, x0, torch.zeros(4000, 1, 8), torch.Generator().manual_seed(0), independent.train,
-                       prediction_type="sample")
-    assert float((seen[-1][:, 0] & seen[-1][:, 1]).float().mean()) == pytest.approx(0.25, abs=0.03)
-    with pytest.raises(ValueError, match="train.branch_probs must give each of"):
-        micro_cfg("unused", "train.branch_probs={none: 0.5, sim: 0.5}")
-    with pytest.raises(ValueError, match="summing to 1"):
-        micro_cfg("unused", "train.branch_probs={none: 0.5, action: 0.5, sim: 0.5}")
-
-
 def test_object_weight_finds_the_twins_objects_in_the_label_video():
     """train.object_weight: the loss mask is the twin's objects (labels >= 2) from the seg control video, one pixel
     wider; the weighted loss is the weighted mean of the squared error."""

@@ -37,7 +37,6 @@ from comsim.metrics.frame import mean_psnr
 from comsim.translator.codec import build_codec
 from comsim.translator.data import (LatentWindowDataset, PairedWindowDataset, build_latent_cache, encode_condition,
                                     preload_source, split_episodes)
-from comsim.translator.guidance import BRANCHES
 from comsim.translator.model import PREDICTION_TYPES, CompositionalVideoDiT, twin_object_labels, velocity_from_output
 from comsim.translator.sampling import SamplingParams
 from comsim.translator.pipeline import TranslatorMismatchError, TranslatorPipeline
@@ -128,11 +127,6 @@ class TrainConfig:
     mixed_precision: str = "auto"  # auto (bf16 on GPUs, no on CPUs) | no | bf16 | fp16
     p_drop_action: float = 0.5
     p_drop_sim: float = 0.5
-    # set: each sample trains exactly one of the branches composed sampling evaluates, {none, action, sim} with
-    # these probabilities (summing to 1), and p_drop_* are not used. Independent drops also train the branch
-    # with both conditions kept ((1 - p_drop_action) * (1 - p_drop_sim) of the samples), which
-    # ``guidance.guided_velocity`` never runs
-    branch_probs: dict[str, float] | None = None
     # what the loss compares: "velocity" (noise - x0; every prediction type) or "sample" (x0 itself, the same
     # error weighted by sigma^2: near-clean samples, whose error is the camera's unpredictable noise divided by
     # a small sigma, no longer outweigh the noisy ones, where the action has to draw the arm)
@@ -184,11 +178,6 @@ class TranslatorConfig:
         for name in ("p_drop_action", "p_drop_sim"):
             if not 0.0 <= getattr(t, name) < 1.0:
                 raise ValueError(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
-        if t.branch_probs is not None:
-            bp = t.branch_probs
-            if set(bp) != set(BRANCHES) or min(bp.values()) < 0 or abs(sum(bp.values()) - 1) > 1e-6:
-                raise ValueError(f"train.branch_probs must give each of {list(BRANCHES)} a probability >= 0, "
-                                 f"summing to 1; got {bp}")
         if t.loss_target not in LOSS_TARGETS:
             raise ValueError(f"train.loss_target must be one of {LOSS_TARGETS}, got {t.loss_target!r}")
         if t.object_weight < 1.0:
@@ -512,28 +501,18 @@ def edge_loss(pred: torch.Tensor, target: torch.Tensor, band: torch.Tensor) -> t
     return miss.sum() / band.sum().clamp_min(1.0)
 
 
-def condition_keeps(B: int, generator, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """(action_keep, sim_keep), each (B,) bool: independent drops, or one branch per sample (``branch_probs``)."""
-    if cfg.branch_probs is None:
-        return (torch.rand(B, generator=generator) >= cfg.p_drop_action,
-                torch.rand(B, generator=generator) >= cfg.p_drop_sim)
-    u = torch.rand(B, generator=generator)
-    p_none, p_action = cfg.branch_probs["none"], cfg.branch_probs["action"]
-    action_keep = (u >= p_none) & (u < p_none + p_action)
-    return action_keep, u >= p_none + p_action
-
-
 def flow_matching_loss(model, x0, sim_lat, actions, generator, cfg: TrainConfig, autocast=None,
                        prediction_type: str = "velocity", weight: torch.Tensor | None = None,
                        edge_band: torch.Tensor | None = None, camera_shift: torch.Tensor | None = None):
-    """One rectified-flow loss with condition dropout (``condition_keeps``); all draws from ``generator``. ``weight``
+    """One rectified-flow loss with independent condition dropout; all draws from ``generator``. ``weight``
     (B, 1, T, H, W): per-pixel weights of the squared error (a weighted mean). ``edge_band`` (B, 1, T, H, W):
     where ``cfg.edge_weight`` compares edge strengths (``robot_edge_band``). ``camera_shift`` (B, T, 2) px: for a
     model whose plate follows the camera."""
     B, dev = x0.shape[0], x0.device
     noise = torch.randn(x0.shape, generator=generator).to(dev)
     t = torch.sigmoid(cfg.logit_normal_mean + cfg.logit_normal_std * torch.randn(B, generator=generator)).to(dev)
-    action_keep, sim_keep = (k.to(dev) for k in condition_keeps(B, generator, cfg))
+    action_keep = (torch.rand(B, generator=generator) >= cfg.p_drop_action).to(dev)
+    sim_keep = (torch.rand(B, generator=generator) >= cfg.p_drop_sim).to(dev)
     tt = t.view(B, 1, 1, 1, 1)
     x_t = (1 - tt) * x0 + tt * noise
     with autocast() if autocast is not None else contextlib.nullcontext():
