@@ -163,6 +163,28 @@ def test_export_from_the_run_folder_gives_the_records_the_run_wrote_and_skips_un
     assert "- The claim: **UNDECIDED** (not recorded: real seed 1)" in (tmp_path / "partial" / "README.md").read_text()
 
 
+def test_an_arm_without_its_own_commit_keeps_the_commit_its_first_export_recorded(run, tmp_path):
+    """An arm trained before arms recorded their commit is recorded with the checkout's commit at export; a later
+    export, from a checkout that has moved on, leaves the records already written as they are."""
+    exp = tmp_path / "exp"
+    shutil.copytree(run["root"] / "exp", exp, ignore=shutil.ignore_patterns("cache"))
+    results = json.loads((exp / "results.json").read_text())
+    results["config"]["output_dir"] = str(exp)
+    (exp / "results.json").write_text(json.dumps(results))
+    (exp / "arms" / Path(run["doc"]["arms"][0]["seeds"]["0"]["dir"]).name / COMMIT_FILE).unlink()
+    export_run(exp, tmp_path / "rec", log=lambda *_: None)
+    manifest = tmp_path / "rec" / "real" / "seed0" / "manifest.json"
+    first = json.loads(manifest.read_text())["commit"]
+    assert first["recorded"].startswith("at export") and first["commit"]
+    earlier = {**first, "commit": "0" * 40}  # what the first export saw, before the checkout moved on
+    manifest.write_text(manifest.read_text().replace(first["commit"], earlier["commit"]))
+    before = manifest.read_bytes()
+    export_run(exp, tmp_path / "rec", log=lambda *_: None)
+    assert manifest.read_bytes() == before
+    trained = json.loads((tmp_path / "rec" / "real" / "seed1" / "manifest.json").read_text())["commit"]
+    assert trained["recorded"] == "when the arm was trained"
+
+
 def test_records_of_another_table_are_refused_before_anything_is_written(run, tmp_path):
     shutil.copytree(run["records"], tmp_path / "rec")
     before = {f: f.read_bytes() for f in (tmp_path / "rec").rglob("*") if f.is_file()}

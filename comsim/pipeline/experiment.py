@@ -1021,13 +1021,17 @@ def _translator(paths: list[str]) -> str | None:
     return next(iter(found), None)
 
 
-def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict) -> dict:
-    """Where one finished (arm, training seed)'s trials come from (``cfg``: the experiment at that seed)."""
+def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
+                 exported_commit: dict | None = None) -> dict:
+    """Where one finished (arm, training seed)'s trials come from (``cfg``: the experiment at that seed).
+    ``exported_commit``: the commit an earlier export recorded for an arm that recorded none itself."""
     out = Path(result["dir"])
     names = {d.path: n for n, d in cfg.datasets.items()}
     used = _recorded_inputs(out)["datasets"]
     if (out / COMMIT_FILE).is_file():
         commit = {**json.loads((out / COMMIT_FILE).read_text()), "recorded": "when the arm was trained"}
+    elif exported_commit is not None:  # the first export's checkout, not the one the run folder is in today
+        commit = exported_commit
     else:  # an arm trained before commits were recorded: the checkout its run folder is in, now
         commit = {**code_commit(out), "recorded": "at export, from the checkout holding the run folder (the arm "
                                                   "recorded no commit)"}
@@ -1041,6 +1045,18 @@ def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict)
             "claim": claim_identity(cfg.claim) if cfg.claim else None,
             "look_test": claim_identity(cfg.look_test) if cfg.look_test else None,
             "train_steps": result["train"]["steps"], "commit": commit}
+
+
+def _exported_commit(records_dir, arm: str, seed: int) -> dict | None:
+    """The commit an earlier export recorded "at export" for this unit, if any: the checkout may have moved on
+    since, and the records already committed must not change with it."""
+    from comsim.pipeline import records
+
+    path = records.unit_dir(records_dir, arm, seed) / records.MANIFEST_FILE
+    if not path.is_file():
+        return None
+    commit = json.loads(path.read_text()).get("commit") or {}
+    return commit if str(commit.get("recorded", "")).startswith("at export") else None
 
 
 def export_records(cfg: ExperimentConfig, records_dir: str | Path, units: set[tuple[str, int]] | None = None,
@@ -1065,7 +1081,8 @@ def export_records(cfg: ExperimentConfig, records_dir: str | Path, units: set[tu
     for a, s, scfg, r in done:
         rows = [{"panel": p, **{k: t[k] for k in ("trial", "seed", "success", "box", "steps")}}
                 for p, path in _panel_files(scfg, Path(r["dir"])).items() for t in json.loads(path.read_text())["trials"]]
-        records.write_unit(records_dir, a.name, s, rows, arm_manifest(scfg, a, s, r))
+        records.write_unit(records_dir, a.name, s, rows,
+                           arm_manifest(scfg, a, s, r, _exported_commit(records_dir, a.name, s)))
         log(f"experiment: trial records of {a.name!r} seed {s} -> {records.unit_dir(records_dir, a.name, s)}")
     return {"written": [f"{a.name}/seed{s}" for a, s, _, _ in done],
             "skipped": [f"{a.name}/seed{s}" for a, s, _, _ in skipped]}
