@@ -1,6 +1,7 @@
 """Where a lab table's time goes, read from the records its stages leave (nothing is rerun).
 
     python bench/table_time.py runs/lab_table          # a `comsim demo --profile lab_table` folder
+    python bench/table_time.py runs/lab_table/policy   # or an experiment's output folder
 
 Per dataset: the generation / conversion reports' elapsed seconds (lab recordings and compositor datasets record
 none). Per arm: training (wall and CPU seconds; the policy trains on one thread, so CPU seconds are what an idle
@@ -49,10 +50,10 @@ def main(argv=None) -> dict:
     ap.add_argument("run", type=Path)
     ap.add_argument("--arm-workers", type=int, default=2, help="arms trained at once (lab_table.yaml: 2)")
     a = ap.parse_args(argv)
-    policy = a.run / "policy"
+    policy = a.run / "policy" if (a.run / "policy" / "arms").is_dir() else a.run
     if not (policy / "arms").is_dir():
         raise SystemExit(f"{policy}/arms: not found; expected a lab table run folder (comsim demo --profile lab_table)")
-    datasets = dataset_times(policy / "data")
+    datasets = dataset_times(policy / "data") if (policy / "data").is_dir() else {}
     arms = arm_times(policy / "arms")
     report = a.run / "paired" / "alignment_report.json"
     calib = (read_json(report) or {}).get("calibration", {}).get("seconds")

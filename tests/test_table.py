@@ -14,6 +14,7 @@ import json  # noqa: E402
 import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -340,3 +341,27 @@ def test_the_figure_is_the_same_bytes_every_time(tmp_path):
     from PIL import Image
     img = Image.open(tmp_path / "a" / "table.png")
     assert img.size[0] > 300 and img.size[1] > 100 and not img.info  # no text chunks (software, time)
+
+
+def test_table_time_reads_where_each_seeds_time_went(run):
+    """bench/table_time.py: per training seed, the arms' training CPU seconds and scoring seconds as recorded."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("table_time", ROOT / "bench" / "table_time.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = bench.main([str(run["root"] / "exp")])
+    by_seed = defaultdict(list)
+    for a in run["doc"]["arms"]:
+        for s, sd in a["seeds"].items():
+            by_seed[str(s)].append(Path(sd["dir"]))
+    assert sorted(out["per_seed"]) == sorted(by_seed) == ["0", "1"]
+    for s, dirs in by_seed.items():
+        logs = [json.loads((d / "train_log.json").read_text()) for d in dirs]
+        scored = [json.loads(f.read_text())["wall_s"] for d in dirs for f in d.glob("eval-*.json")]
+        assert out["per_seed"][s]["arms"] == len(dirs)
+        assert out["per_seed"][s]["train_cpu_s"] == pytest.approx(sum(round(g["cpu_s"], 1) for g in logs), abs=0.2)
+        assert out["per_seed"][s]["score_wall_s"] == pytest.approx(sum(round(w, 1) for w in scored), abs=0.2)
+        assert out["per_seed"][s]["complete"]
+    with pytest.raises(SystemExit, match="expected a lab table run folder"):
+        bench.main([str(run["root"])])
