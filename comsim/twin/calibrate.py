@@ -17,9 +17,10 @@ Given K, joint angles and robot masks for a few frames (``frames.py`` loads them
    pose), and, separately labelled, the mean IoU under the best one-to-one
    re-association of images and joint vectors (Hungarian).
 
-With a robot-free still instead of masks (``calibrate_with_background``), a calibration whose trusted stills
-still disagree with the silhouettes (``SHARPEN_BELOW_IOU``) gets a sharper stage (``sharpen``: the links'
-shaded rim the derived masks lost, and a mask offset). Every result carries its residual for the twin's
+With a robot-free still instead of masks (``calibrate_with_background``), the calibration may take a sharper
+stage (``sharpen``: the links' shaded rim the derived masks lost, and a mask offset). ``sharpen_by_markers``
+decides: where the twin spec's markers show in the still, the pose that puts them closer is kept; without
+markers, the stage runs when the trusted stills still disagree with the silhouettes (``SHARPEN_BELOW_IOU``). Every result carries its residual for the twin's
 position uncertainty (``fit_residual``).
 
 ``calibrate_folder`` writes ``calibration.json`` and overlays (each frame with the
@@ -40,7 +41,7 @@ from scipy.optimize import linear_sum_assignment
 
 from comsim.io.files import read_json_object
 from comsim.io.paths import check_output_path
-from comsim.sim.camera import as_K, as_rigid, look_at
+from comsim.sim.camera import as_K, as_rigid, look_at, project_points
 from comsim.twin.frames import (CalibrationDataError, CalibrationFrames, intrinsics_from_checkerboard,
                                 load_calibration_folder)
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, contour_residuals, perturb,
@@ -274,15 +275,16 @@ def calibrate_with_background(fr: CalibrationFrames, robot="panda", init_T=None,
             rounds.append({"margin_px": margin, "mean_iou": res["mean_iou"], "outliers": res["outlier_frames"]})
             log(f"[calibrate] background round {r}: mask uncertainty {margin}px, mean IoU {res['mean_iou']:.3f} "
                 f"({time.perf_counter() - t0:.0f}s)")
-    if res["converged"] and res["mean_iou_trusted"] < SHARPEN_BELOW_IOU:
-        fr_m = sharpen(fr_m, res, robot, fine_visual, log)
+    if res["converged"]:
+        fr_m = sharpen_by_markers(fr_m, res, robot, fine_visual, log)
     res.update({"rounds": rounds, "mask_source": "difference to the background still + self-trained colour cues",
                 "seconds": round(time.perf_counter() - t0, 1)})
     res["frames_used"] = fr_m
     return res
 
 
-# The sharper stage (``sharpen``) runs when the trusted stills' mean IoU at the fitted pose is under this: the
+# Without a marker of the twin spec in the still (``sharpen_by_markers``), the sharper stage (``sharpen``) runs
+# when the trusted stills' mean IoU at the fitted pose is under this: the
 # derived masks disagree with the robot's silhouettes more than the built-in lab's stills do (0.889 there;
 # 0.85-0.86 on the workshop and cool_studio cells, whose cameras came out 9-11 mm off, against the lab's truth).
 SHARPEN_BELOW_IOU = 0.875
@@ -304,6 +306,72 @@ def rim_pixels(image: np.ndarray, background: np.ndarray, mask: np.ndarray, rend
     blur = (lambda x: cv2.GaussianBlur(x, (0, 0), 0.25 * scale))
     darker = (blur(np.clip(B * gain, 0, 255)) - blur(I)).mean(-1)
     return rendered & (mask < 0.5) & (darker > RIM_DARKER)
+
+
+def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> dict[str, np.ndarray]:
+    """Where the twin's markers (``SceneSpec.markers``: flat discs on the table at known places) show in a
+    robot-free ``still`` (undistorted, pinhole ``K``): per marker, the centroid (px) of the pixels of its hue
+    within a window around where ``T`` puts it. A marker whose hue covers under ``min_share`` of its
+    projected disc there (occluded, out of view, faded) is left out."""
+    H, W = still.shape[:2]
+    hsv = cv2.cvtColor(still, cv2.COLOR_RGB2HSV).astype(np.float32)  # hue 0-179
+    found = {}
+    for mk in markers:
+        centre = project_points(K, T, [[mk.pos[0], mk.pos[1], 0.0]])[0]
+        rim = project_points(K, T, [[mk.pos[0] + mk.radius, mk.pos[1], 0.0],
+                                    [mk.pos[0], mk.pos[1] + mk.radius, 0.0]])
+        r_px = float(np.linalg.norm(rim - centre, axis=1).mean())
+        half = int(np.ceil(2 * r_px + 3))
+        x0, y0 = int(round(centre[0])) - half, int(round(centre[1])) - half
+        if r_px < 1.0 or x0 < 0 or y0 < 0 or x0 + 2 * half >= W or y0 + 2 * half >= H:
+            continue
+        rgb = np.clip(np.asarray(mk.rgba[:3]) * 255, 0, 255).astype(np.uint8)[None, None]
+        hue = float(cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV)[0, 0, 0])
+        win = hsv[y0:y0 + 2 * half + 1, x0:x0 + 2 * half + 1]
+        d_hue = np.abs(win[..., 0] - hue)
+        sel = (np.minimum(d_hue, 180 - d_hue) < 12) & (win[..., 1] > 80) & (win[..., 2] > 30)
+        if sel.sum() < min_share * np.pi * r_px ** 2:
+            continue
+        ys, xs = np.nonzero(sel)
+        found[mk.name] = np.array([xs.mean() + x0, ys.mean() + y0])
+    return found
+
+
+def marker_error_px(K, T, markers, found: dict[str, np.ndarray]) -> float:
+    """Mean distance (px) between the located markers and where ``T`` projects them."""
+    by_name = {mk.name: mk for mk in markers}
+    return float(np.mean([np.linalg.norm(project_points(K, T, [[*by_name[n].pos[:2], 0.0]])[0] - uv)
+                          for n, uv in found.items()]))
+
+
+def sharpen_by_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=print) -> CalibrationFrames:
+    """Decide on the sharper stage (``sharpen``) and run it: with markers of the twin spec visible in the
+    robot-free still, both calibrations are made and the one that puts the markers closer to where they show
+    is kept (the silhouettes of a few stills pin the camera's distance better than its rotation, and which
+    way the stage turns it differs from recording to recording: a point at a known place on the table tells);
+    without any, the stills' IoU decides (``SHARPEN_BELOW_IOU``). Returns the frames of the calibration kept;
+    ``res`` is updated in place."""
+    import copy
+
+    markers = list(getattr(robot, "markers", None) or [])
+    found = locate_markers(fr.background, fr.K, res["T_cam_from_base"], markers) if markers else {}
+    if not found:
+        return sharpen(fr, res, robot, fine_visual, log) if res["mean_iou_trusted"] < SHARPEN_BELOW_IOU else fr
+    plain = copy.deepcopy(res)
+    fr_s = sharpen(fr, res, robot, fine_visual, log)
+    err_plain = marker_error_px(fr.K, plain["T_cam_from_base"], markers, found)
+    err_sharp = marker_error_px(fr.K, res["T_cam_from_base"], markers, found)
+    by_markers = {"markers": sorted(found), "marker_error_px": round(err_sharp, 3),
+                  "marker_error_px_without": round(err_plain, 3)}
+    if err_sharp < err_plain:
+        res["sharpened"].update(by_markers, why=f"the markers {sorted(found)} sit {err_sharp:.2f} px from where "
+                                                f"this pose puts them, {err_plain:.2f} px without the stage")
+        return fr_s
+    log(f"[calibrate] sharper stage not kept: markers {err_sharp:.2f} px off with it, {err_plain:.2f} px without")
+    res.clear()
+    res.update(plain, not_sharpened={**by_markers, "why": "the markers sit closer to where the pose without the "
+                                                          "stage puts them"})
+    return fr
 
 
 def sharpen(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=print) -> CalibrationFrames:
