@@ -20,8 +20,8 @@ Given K, joint angles and robot masks for a few frames (``frames.py`` loads them
 With a robot-free still instead of masks (``calibrate_with_background``), the calibration may take a sharper
 stage (``sharpen``: the links' shaded rim the derived masks lost, and a mask offset). ``sharpen_by_markers``
 decides: where the twin spec's markers show in the still, the pose that puts them closer is kept; without
-markers, the stage runs when the trusted stills still disagree with the silhouettes (``SHARPEN_BELOW_IOU``). Every result carries its residual for the twin's
-position uncertainty (``fit_residual``).
+markers, the stage runs when the trusted stills still disagree with the silhouettes (``SHARPEN_BELOW_IOU``).
+Every result carries its residual for the twin's position uncertainty (``fit_residual``).
 
 ``calibrate_folder`` writes ``calibration.json`` and overlays (each frame with the
 rendered silhouette's outline) when the fit converged; otherwise it writes
@@ -32,6 +32,7 @@ users without K, lives with the loading of the calibration folder in ``frames.py
 """
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -308,6 +309,10 @@ def rim_pixels(image: np.ndarray, background: np.ndarray, mask: np.ndarray, rend
     return rendered & (mask < 0.5) & (darker > RIM_DARKER)
 
 
+def _on_table(x: float, y: float) -> list[list[float]]:
+    return [[x, y, 0.0]]  # a marker's disc lies on the table top (z = 0 in the base frame)
+
+
 def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> dict[str, np.ndarray]:
     """Where the twin's markers (``SceneSpec.markers``: flat discs on the table at known places) show in a
     robot-free ``still`` (undistorted, pinhole ``K``): per marker, the centroid (px) of the pixels of its hue
@@ -317,7 +322,7 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
     hsv = cv2.cvtColor(still, cv2.COLOR_RGB2HSV).astype(np.float32)  # hue 0-179
     found = {}
     for mk in markers:
-        centre = project_points(K, T, [[mk.pos[0], mk.pos[1], 0.0]])[0]
+        centre = project_points(K, T, _on_table(*mk.pos[:2]))[0]
         rim = project_points(K, T, [[mk.pos[0] + mk.radius, mk.pos[1], 0.0],
                                     [mk.pos[0], mk.pos[1] + mk.radius, 0.0]])
         r_px = float(np.linalg.norm(rim - centre, axis=1).mean())
@@ -340,7 +345,7 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
 def marker_error_px(K, T, markers, found: dict[str, np.ndarray]) -> float:
     """Mean distance (px) between the located markers and where ``T`` projects them."""
     by_name = {mk.name: mk for mk in markers}
-    return float(np.mean([np.linalg.norm(project_points(K, T, [[*by_name[n].pos[:2], 0.0]])[0] - uv)
+    return float(np.mean([np.linalg.norm(project_points(K, T, _on_table(*by_name[n].pos[:2]))[0] - uv)
                           for n, uv in found.items()]))
 
 
@@ -351,8 +356,6 @@ def sharpen_by_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str
     way the stage turns it differs from recording to recording: a point at a known place on the table tells);
     without any, the stills' IoU decides (``SHARPEN_BELOW_IOU``). Returns the frames of the calibration kept;
     ``res`` is updated in place."""
-    import copy
-
     markers = list(getattr(robot, "markers", None) or [])
     found = locate_markers(fr.background, fr.K, res["T_cam_from_base"], markers) if markers else {}
     if not found:
