@@ -223,6 +223,63 @@ def test_the_sharper_stage_is_kept_only_when_it_brings_the_markers_closer(still_
     assert cal.sharpen_by_markers(fr, res, bare, "light", log=lambda *a: None) is fr and res == plain
 
 
+def test_points_of_known_place_alone_pin_the_camera():
+    """``refine_contour``'s ``points``: with masks that say nothing (unknown everywhere), four table points seen
+    where the true camera puts them bring a camera 2 cm and 1 deg off back onto it, as a PnP would."""
+    from comsim.sim.camera import look_at, project_points
+    from comsim.twin.pose_fit import MaskTargets, SilhouetteScorer, perturb, pose_error, refine_contour
+    from comsim.twin.silhouette import RobotSilhouette
+
+    K, W, H = [110.0, 110.0, 63.5, 63.5], 128, 128
+    T_true = look_at([1.4, 0.3, 0.8], [0.4, 0.0, 0.2])
+    X = np.array([[0.3, -0.2, 0.0], [0.6, -0.2, 0.0], [0.6, 0.25, 0.0], [0.35, 0.2, 0.0]])
+    uv = project_points(K, T_true, X)
+    start = perturb(T_true, [0.01, -0.01, 0.005, 0.02, -0.01, 0.01])
+    q = np.zeros((1, 7))
+    with RobotSilhouette("panda", K, W, H, visual="light") as sil:
+        scorer = SilhouetteScorer(sil, q, np.zeros((1, 2)), MaskTargets(np.zeros((1, H, W), np.float32),
+                                                                         np.zeros((1, H, W), np.float32)))
+        T_fit, _ = refine_contour(scorer, start, [0], (W, H), outer=8, points=(X, uv, 1.0))
+        T_none, _ = refine_contour(scorer, start, [0], (W, H), outer=8)
+    assert pose_error(start, T_true)[0] > 0.02
+    d_m, d_deg = pose_error(T_fit, T_true)
+    assert d_m < 1e-4 and d_deg < 0.01, (d_m, d_deg)
+    assert np.allclose(T_none, start)  # nothing known, nothing moves
+
+
+def test_the_markers_take_part_in_the_last_fit_and_are_recorded(still_camera):
+    """``fit_markers``: the still's masks drawn at the true camera and a start 1.5 px off: the last fit brings the
+    sticker back onto where it shows, keeps the outline on the masks, and records both marker errors and the move;
+    a spec without markers leaves the result as it was."""
+    import dataclasses
+    from comsim.lab.truth import load_lab_truth
+    from comsim.sim.camera import shifted_camera
+    from comsim.twin.calibrate import fit_markers
+    from comsim.twin.frames import load_calibration_folder
+    from comsim.twin.silhouette import RobotSilhouette
+
+    fr = load_calibration_folder(still_camera / "calibration")
+    spec = load_scene_spec(TWIN)
+    T_true = np.asarray(load_lab_truth(still_camera).T_cam_from_base)
+    W, H = fr.size
+    with RobotSilhouette(spec, fr.K, W, H, visual="light") as sil:
+        sil.set_camera(T_true)
+        sil.set_joints(fr.joints[0], fr.fingers[0])
+        fr = dataclasses.replace(fr, masks=sil.mask()[None].astype(np.float32), valid=None)
+    start = shifted_camera(T_true, fr.K, (1.2, -0.9))
+    res = {"T_cam_from_base": start.tolist(), "trusted_frames": list(fr.names)}
+    fit_markers(fr, res, spec, "light", **QUIET)
+    mk = res["markers_fitted"]
+    assert mk["markers"] == ["push_target"] and mk["weight"] == 1.0
+    assert mk["marker_error_px_before"] > 1.0 and mk["marker_error_px"] < 0.5, mk
+    assert mk["moved_mm"] > 0 and res["mean_iou_trusted"] > 0.97
+    assert {"contour_residual_px", "pose_covariance"} <= set(res)
+    bare = dataclasses.replace(spec, markers=[])
+    res = {"T_cam_from_base": start.tolist(), "trusted_frames": list(fr.names)}
+    fit_markers(fr, res, bare, "light", **QUIET)
+    assert res == {"T_cam_from_base": start.tolist(), "trusted_frames": list(fr.names)}
+
+
 @pytest.mark.slow
 def test_sharper_calibration_on_a_cell_whose_masks_lose_the_rim(tmp_path, monkeypatch):
     """cool_studio's stills give masks that miss the shaded rim of the links (trusted mean IoU under
@@ -237,6 +294,8 @@ def test_sharper_calibration_on_a_cell_whose_masks_lose_the_rim(tmp_path, monkey
     spec = load_scene_spec(TWIN)
     sharp = calibrate_stills(real / "calibration", spec, "front", **QUIET)  # the sticker decides: kept
     assert sharp["sharpened"]["marker_error_px"] < sharp["sharpened"]["marker_error_px_without"], sharp["sharpened"]
+    fitted = sharp["markers_fitted"]  # and the sticker takes part in the last fit
+    assert fitted["marker_error_px"] < fitted["marker_error_px_before"], fitted
     spec.markers = []  # no marker: the stills' IoU decides, here switched off
     monkeypatch.setattr(cal, "SHARPEN_BELOW_IOU", 0.0)
     plain = calibrate_stills(real / "calibration", spec, "front", **QUIET)

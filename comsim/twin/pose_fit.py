@@ -315,7 +315,7 @@ def pose_covariance(scorer: SilhouetteScorer, T: np.ndarray, frames, render_size
 
 def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size: tuple[int, int],
                    outer: int = 6, inner: int = 8, scale_px: float = 2.0,
-                   frame_weights=None, fit_offset: bool = False) -> tuple[np.ndarray, dict]:
+                   frame_weights=None, fit_offset: bool = False, points=None) -> tuple[np.ndarray, dict]:
     """Levenberg-Marquardt on contour signed distances; returns the pose and a log.
 
     ``render_size`` sets how finely contours are sampled (it may exceed the mask size:
@@ -327,6 +327,11 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
     (blur against a dark background), and left unmodelled that reads as a wrong camera
     distance (1 % of scale is ~1.4 cm at 1.4 m). Contours of varied depth separate the
     two: an offset is constant in pixels, a depth change scales each part by 1/Z.
+
+    ``points``: ``(X, uv, weight)``, base-frame points (M, 3) seen at pixels ``uv`` (M, 2, at the masks' size)
+    fitted along with the contours; each point's squared reprojection error (px) weighs ``weight`` times one
+    frame's mean contour term (the twin's markers: points away from the arm that pin what its silhouettes
+    leave loose, a camera orbiting the arm).
     """
     W, H = scorer.targets.size
     fx, fy, cx, cy = scorer.sil.K_at(W, H)
@@ -352,11 +357,31 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
         counts = np.bincount(ids, minlength=len(frames)).astype(np.float64)
         norm = fw[ids] / np.maximum(counts[ids], 1.0)  # each frame votes equally
 
+        if points is not None:  # the points' rows go last, unweighted by the robust scale
+            X_pts, uv_pts, w_pts = np.asarray(points[0], np.float64), np.asarray(points[1], np.float64), points[2]
+            norm = np.concatenate([norm, np.full(2 * len(X_pts), float(w_pts))])
+        n_contour = len(P)
+
         def residuals(Tc):
-            return _contour_residuals(scorer, P, ids, frames, Tc, (fx, fy, cx, cy), bias, offset)
+            r, gu, gv, Xc = _contour_residuals(scorer, P, ids, frames, Tc, (fx, fy, cx, cy), bias, offset)
+            if points is None:
+                return r, gu, gv, Xc
+            Xp = X_pts @ Tc[:3, :3].T + Tc[:3, 3]
+            uv = np.stack([fx * Xp[:, 0] / Xp[:, 2] + cx, fy * Xp[:, 1] / Xp[:, 2] + cy], 1)
+            one, zero = np.ones(len(Xp)), np.zeros(len(Xp))
+            # rows (u, v) of each point: a residual whose "distance map gradient" is the image axis
+            return (np.concatenate([r, (uv - uv_pts).ravel()]),
+                    np.concatenate([gu, np.stack([one, zero], 1).ravel()]),
+                    np.concatenate([gv, np.stack([zero, one], 1).ravel()]),
+                    np.concatenate([Xc, np.repeat(Xp, 2, axis=0)]))
+
+        def robust(r):  # Geman-McClure on the contours, plain squares on the points
+            out = scale_px**2 * np.log1p((r / scale_px) ** 2)
+            out[n_contour:] = r[n_contour:] ** 2
+            return out
 
         def cost(r):
-            return float(np.sum(norm * scale_px**2 * np.log1p((r / scale_px) ** 2)))
+            return float(np.sum(norm * robust(r)))
 
         lam = 1e-3
         r, gu, gv, Xc = residuals(T)
@@ -365,8 +390,10 @@ def refine_contour(scorer: SilhouetteScorer, T0: np.ndarray, frames, render_size
         for _ in range(inner):
             J = _contour_jacobian(Xc, gu, gv, fx, fy)
             if fit_offset:
-                J = np.concatenate([J, (r != 0)[:, None].astype(np.float64)], 1)
+                on_contour = (r != 0) & (np.arange(len(r)) < n_contour)
+                J = np.concatenate([J, on_contour[:, None].astype(np.float64)], 1)
             wts = norm / (1.0 + (r / scale_px) ** 2)
+            wts[n_contour:] = norm[n_contour:]
             A = (J * wts[:, None]).T @ J
             b = -(J * wts[:, None]).T @ r
             improved = False

@@ -225,7 +225,7 @@ def align(real: Path, spec: SceneSpec, calibration: Path | None = None, camera: 
         calib = {"source": source, "mean_iou": res["mean_iou"], "converged": res["converged"],
                  "per_frame_iou": res["per_frame_iou"], "outlier_frames": res["outlier_frames"],
                  "rounds": res["rounds"], "mask_source": res["mask_source"], "seconds": res["seconds"],
-                 **{k: res[k] for k in (*UNCERTAINTY_KEYS, "sharpened", "not_sharpened") if k in res}}
+                 **{k: res[k] for k in (*UNCERTAINTY_KEYS, "sharpened", "not_sharpened", "markers_fitted") if k in res}}
         if not res["converged"]:
             raise CalibrationDataError(f"{real}: the camera calibration from {source} did not converge "
                                        f"({res.get('why_not_converged')}); best mean IoU {res['mean_iou']:.3f}")
