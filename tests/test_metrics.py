@@ -539,6 +539,14 @@ def test_robot_masks_and_labels_from_the_twins_palette():
     half = robot_masks_from_labels(seg, (4, 4))  # 2x2 blocks: robot where it covers at least half
     assert half.shape == (2, 4, 4) and half[:, :, :2].all() and not half[:, :, 2:].any()
     assert np.array_equal(labels_from_palette(noisy, (4, 4)), labels[:, ::2, ::2])  # nearest: never blended
+    # a lone pixel of a blended edge within the tolerance of a colour no object has is no object
+    from comsim.io.labels import SEG_MIN_PIXELS, SEG_PALETTE, rgb_to_seg
+    stray = seg.copy()
+    stray[1, 4, 4] = SEG_PALETTE[9]
+    back = rgb_to_seg(stray)
+    assert SEG_MIN_PIXELS > 1 and not (back == 9).any() and (back != labels).sum() <= 1
+    stray[1, 3:5, 3:5] = SEG_PALETTE[9]  # four such pixels are one
+    assert (rgb_to_seg(stray) == 9).sum() == 4
     # IoU without the pixels that are robot whatever the actions
     pred = labels == 1
     ref = pred.copy()

@@ -22,6 +22,10 @@ SEG_PALETTE = np.array([[0, 0, 0], [255, 255, 255], [230, 40, 40], [40, 90, 230]
 # background and robot decode within 3 and 12 of theirs (99th percentile), while the blend along an edge lands
 # 40-110 away from any colour (bench/fidelity.py RUN --decode-stats 3 measures it).
 SEG_DECODE_TOLERANCE = 32
+# Confident pixels a label needs to count as present: a lone pixel of a blended edge can land within the tolerance
+# of a colour no object has (one in 1.5 million did in a workshop episode, and the whole video grew a phantom
+# object along every edge); an object the fidelity metric scores covers at least 4.
+SEG_MIN_PIXELS = 4
 
 
 def seg_to_rgb(labels: np.ndarray) -> np.ndarray:
@@ -37,11 +41,11 @@ def rgb_to_seg(img: np.ndarray) -> np.ndarray:
     a plain nearest-colour decode would grow a phantom object along every cube and arm edge. A label
     is present only if some pixel of ``img`` (a frame or a whole video) decodes within
     ``SEG_DECODE_TOLERANCE`` of its colour; every pixel then takes the nearest colour among the
-    present labels and the background."""
+    present labels and the background. A label needs ``SEG_MIN_PIXELS`` such pixels."""
     d = ((img[..., None, :].astype(np.int32) - SEG_PALETTE.astype(np.int32)) ** 2).sum(-1)
     nearest = d.argmin(-1)
     confident = d.min(-1) <= SEG_DECODE_TOLERANCE ** 2
-    present = np.bincount(nearest[confident], minlength=len(SEG_PALETTE)) > 0
+    present = np.bincount(nearest[confident], minlength=len(SEG_PALETTE)) >= SEG_MIN_PIXELS
     present[BACKGROUND_LABEL] = True
     d[..., ~present] = np.iinfo(np.int32).max
     return d.argmin(-1).astype(np.int32)
