@@ -29,6 +29,7 @@ from comsim.twin.silhouette import RobotSilhouette  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CELL = ROOT / "configs" / "twin" / "panda_cell.yaml"
+PUSH_CELL = ROOT / "configs" / "twin" / "panda_cell_push.yaml"  # + the push target sticker the lab's cell has
 REAL = ROOT.parent / "shared" / "real" / "franka_easyhec"
 HOME = np.array([0.0, -0.785, 0.0, -2.356, 0.0, 1.571, 0.785])
 
@@ -461,12 +462,12 @@ def test_calibration_from_stills_recovers_the_lab_camera(stills, tmp_path):
 
 @pytest.mark.slow
 def test_lab_alignment_end_to_end(tmp_path):
-    """Lab push episodes, twin starting from its nominal camera (7.8 cm / 5.8 deg off): the
-    camera, objects and replayed trajectories against the lab's hidden truth (report only)."""
+    """Lab push episodes, twin starting from its nominal camera (7.8 cm / 5.8 deg off) and fitted with the push
+    cell's sticker: the camera, objects and replayed trajectories against the lab's hidden truth (report only)."""
     from comsim.lab.record import record_dataset
     from comsim.lab.twin_truth import replay_and_score
     real = record_dataset("push", episodes=6, out=tmp_path / "lab", seed=1)
-    out = replay_and_score(real, CELL, tmp_path / "paired", mode="physics", log=lambda *a: None)
+    out = replay_and_score(real, PUSH_CELL, tmp_path / "paired", mode="physics", log=lambda *a: None)
     rep = json.loads((out / "alignment_report.json").read_text())["summary"]
     # Measured (bench/twin_lab.py, 10 episodes, camera from the calibration stills; seeds 7 / 0):
     # 0.76 / 0.57 cm, 0.26 / 0.11 deg, IoU 0.985 / 0.978, objects (first frame) 0.61 / 0.65 cm
