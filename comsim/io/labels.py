@@ -39,9 +39,9 @@ def rgb_to_seg(img: np.ndarray) -> np.ndarray:
     H.264 blends colours across label edges (4:2:0 chroma): red (230, 40, 40) next to black decodes
     as about (160, 66, 68), and white next to black as grey; both lie nearest to label 9's brown, so
     a plain nearest-colour decode would grow a phantom object along every cube and arm edge. A label
-    is present only if some pixel of ``img`` (a frame or a whole video) decodes within
+    is present only if ``SEG_MIN_PIXELS`` pixels of ``img`` (a frame or a whole video) decode within
     ``SEG_DECODE_TOLERANCE`` of its colour; every pixel then takes the nearest colour among the
-    present labels and the background. A label needs ``SEG_MIN_PIXELS`` such pixels."""
+    present labels and the background."""
     d = ((img[..., None, :].astype(np.int32) - SEG_PALETTE.astype(np.int32)) ** 2).sum(-1)
     nearest = d.argmin(-1)
     confident = d.min(-1) <= SEG_DECODE_TOLERANCE ** 2

@@ -380,6 +380,15 @@ def sharpen_by_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str
     return fr
 
 
+def _update_pose(res: dict, scorer: SilhouetteScorer, T: np.ndarray, names, trusted, size) -> None:
+    """``res`` at a refitted pose ``T``: the pose, every still's IoU and the fit's residual (``fit_residual``)."""
+    W, H = size
+    per_frame = scorer.per_frame(T, list(range(len(names))), W, H)
+    res.update(fit_residual(scorer, T, trusted, (W, H), W))
+    res.update({"T_cam_from_base": T.tolist(), "per_frame_iou": {n: float(v) for n, v in zip(names, per_frame)},
+                "mean_iou": float(per_frame.mean()), "mean_iou_trusted": float(per_frame[trusted].mean())})
+
+
 # How much a located marker weighs in the last contour fit (``fit_markers``): its squared error (px) counts as much
 # as one still's mean contour term. Weights of 4 and 16 moved the camera by under 0.5 mm more on twelve recordings.
 MARKER_WEIGHT = 1.0
@@ -404,16 +413,12 @@ def fit_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=p
     with RobotSilhouette(robot, fr.K, W, H, visual=fine_visual) as sil:
         scorer = SilhouetteScorer(sil, fr.joints, fr.fingers, MaskTargets(fr.masks, fr.valid))
         T_fit, _ = refine_contour(scorer, T, trusted, (W, H), scale_px=1.5, outer=8, points=(X, uv, MARKER_WEIGHT))
-        per_frame = scorer.per_frame(T_fit, list(range(len(fr.names))), W, H)
-        res.update(fit_residual(scorer, T_fit, trusted, (W, H), W))
+        _update_pose(res, scorer, T_fit, fr.names, trusted, (W, H))
     d_m, d_deg = pose_error(T_fit, T)
     after = marker_error_px(fr.K, T_fit, markers, found)
-    res.update({"T_cam_from_base": T_fit.tolist(),
-                "per_frame_iou": {n: float(v) for n, v in zip(fr.names, per_frame)},
-                "mean_iou": float(per_frame.mean()), "mean_iou_trusted": float(per_frame[trusted].mean()),
-                "markers_fitted": {"markers": sorted(found), "weight": MARKER_WEIGHT,
-                                   "marker_error_px_before": round(before, 3), "marker_error_px": round(after, 3),
-                                   "moved_mm": round(1000 * d_m, 2), "moved_deg": round(d_deg, 3)}})
+    res["markers_fitted"] = {"markers": sorted(found), "weight": MARKER_WEIGHT,
+                             "marker_error_px_before": round(before, 3), "marker_error_px": round(after, 3),
+                             "moved_mm": round(1000 * d_m, 2), "moved_deg": round(d_deg, 3)}
     log(f"[calibrate] fitted with the markers {sorted(found)}: {before:.2f} -> {after:.2f} px, moved "
         f"{1000 * d_m:.1f} mm {d_deg:.2f} deg")
 
@@ -440,16 +445,12 @@ def sharpen(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=print
             scorer = SilhouetteScorer(sil, fr.joints, fr.fingers, MaskTargets(masks, fr.valid))
             T, fit = refine_contour(scorer, T, trusted, (W, H), scale_px=1.5, outer=8,
                                     fit_offset=r == RIM_ROUNDS - 1)
-        per_frame = scorer.per_frame(T, list(range(len(masks))), W, H)
-        res.update(fit_residual(scorer, T, trusted, (W, H), W))
+        _update_pose(res, scorer, T, fr.names, trusted, (W, H))
     d_m, d_deg = pose_error(T, np.asarray(before[1]))
-    res.update({"T_cam_from_base": T.tolist(),
-                "per_frame_iou": {n: float(v) for n, v in zip(fr.names, per_frame)},
-                "mean_iou": float(per_frame.mean()), "mean_iou_trusted": float(per_frame[trusted].mean()),
-                "sharpened": {"why": f"trusted stills' mean IoU {before[0]:.3f} < {SHARPEN_BELOW_IOU}",
-                              "rounds": RIM_ROUNDS, "mask_offset_px": round(fit["outer"][-1]["offset_px"], 3),
-                              "moved_mm": round(1000 * d_m, 2), "moved_deg": round(d_deg, 3),
-                              "mean_iou_trusted_before": before[0]}})
+    res["sharpened"] = {"why": f"trusted stills' mean IoU {before[0]:.3f} < {SHARPEN_BELOW_IOU}",
+                        "rounds": RIM_ROUNDS, "mask_offset_px": round(fit["outer"][-1]["offset_px"], 3),
+                        "moved_mm": round(1000 * d_m, 2), "moved_deg": round(d_deg, 3),
+                        "mean_iou_trusted_before": before[0]}
     log(f"[calibrate] sharpened (rim pixels + mask offset): moved {1000 * d_m:.1f} mm {d_deg:.2f} deg, trusted mean "
         f"IoU {before[0]:.3f} -> {res['mean_iou_trusted']:.3f}")
     return CalibrationFrames(names=fr.names, images=fr.images, masks=masks, joints=fr.joints, fingers=fr.fingers,
