@@ -186,6 +186,35 @@ def test_an_arm_without_its_own_commit_keeps_the_commit_its_first_export_recorde
     assert trained["recorded"] == "when the arm was trained"
 
 
+def test_a_new_machine_trains_only_the_units_its_records_lack(run, tmp_path):
+    """The run folder is gone (another machine), the committed records are there, one unit's records are missing:
+    rerunning the experiment trains that unit alone, to the same trials (same seed), and leaves every other record
+    byte for byte; a unit recorded for other inputs (another dataset under the same name) is not taken as recorded."""
+    recs = tmp_path / "records"
+    shutil.copytree(run["records"], recs)
+    shutil.rmtree(recs / "real" / "seed1")
+    kept = {f: f.read_bytes() for f in recs.rglob("*") if f.is_file() and f.name != records.TABLE_FILE}
+    cfg = yaml.safe_load(run["yaml"].read_text())
+    cfg.update(output_dir=str(tmp_path / "exp"), records_dir=str(recs))
+    (tmp_path / "again.yaml").write_text(yaml.safe_dump(cfg))
+    run_experiment(tmp_path / "again.yaml", **QUIET)
+    trained = sorted(p.parent.name for p in (tmp_path / "exp").rglob("train_log.json"))
+    assert trained == [json.loads((run["records"] / "real" / "seed1" / "manifest.json").read_text())["arm_folder"]]
+    assert {f: f.read_bytes() for f in kept} == kept
+    assert (recs / "real" / "seed1" / "trials.csv").read_bytes() == \
+        (run["records"] / "real" / "seed1" / "trials.csv").read_bytes()
+    # another pseudo-real dataset under the same name: the units that train on it are no longer the recorded ones
+    ep = LeRobotDataset(run["real"]).read_episode(0)
+    other = write_dataset(tmp_path / "pseudo2", [dataclasses.replace(
+        ep, provenance=Provenance(source="pseudo_real", task="push", seed=12, translator_hash="t" * 16))], fps=ep.fps)
+    assert dataset_fingerprint(other) != dataset_fingerprint(run["pseudo"])
+    exp = load_experiment(tmp_path / "again.yaml", [f"datasets.pseudo.path={other}"])
+    from comsim.pipeline.experiment import recorded_unit
+    by_name = {a.name: a for a in exp.all_arms()}
+    assert recorded_unit(exp, by_name["real"], 0) and recorded_unit(exp, by_name["real"], 1)
+    assert not recorded_unit(exp, by_name["pseudo"], 0) and not recorded_unit(exp, by_name["real_pseudo"], 1)
+
+
 def test_records_of_another_table_are_refused_before_anything_is_written(run, tmp_path):
     shutil.copytree(run["records"], tmp_path / "rec")
     before = {f: f.read_bytes() for f in (tmp_path / "rec").rglob("*") if f.is_file()}

@@ -693,11 +693,16 @@ def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmCo
             except ComSimError as e:  # the records are a copy of results on disk: the experiment goes on
                 log(f"experiment: trial records not written: {e}")
 
+    # a unit whose trials are committed for these inputs is not trained again (another machine ran it)
+    recorded = {(a.name, s) for a in all_arms if not any(missing.get(x.dataset) for x in a.sources)
+                for s in arm_seeds(cfg, a) if by_unit[(a.name, s)] is None and recorded_unit(cfg, a, s)}
+    for name, s in sorted(recorded):
+        log(f"experiment: {name!r} seed {s} is recorded in {cfg.records_dir} for these inputs: not trained again")
     todo = [(a, s) for a in all_arms if not any(missing.get(x.dataset) for x in a.sources)
-            for s in arm_seeds(cfg, a) if by_unit[(a.name, s)] is None]
+            for s in arm_seeds(cfg, a) if by_unit[(a.name, s)] is None and (a.name, s) not in recorded]
     if cfg.arm_workers > 1 and len(todo) > 1:
         # arms side by side, each in its own process, its panels one after the other inside it
-        units = [(a, s) for a in all_arms if not skipped(a) for s in arm_seeds(cfg, a)]
+        units = [(a, s) for a in all_arms if not skipped(a) for s in arm_seeds(cfg, a) if (a.name, s) not in recorded]
         lane = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, workers=1))
         from concurrent.futures import as_completed
         with _pool(min(cfg.arm_workers, len(units))) as pool:
@@ -711,6 +716,8 @@ def _run(cfg: ExperimentConfig, every_arm: list[ArmConfig], all_arms: list[ArmCo
             if skipped(a):
                 continue
             for s in arm_seeds(cfg, a):
+                if (a.name, s) in recorded:
+                    continue
                 by_unit[(a.name, s)] = run_arm(seed_config(cfg, s), a, log, progress)
                 write_results(cfg, table())  # after every run: a partial table is always on disk
                 record((a.name, s))
@@ -1045,6 +1052,33 @@ def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
             "claim": claim_identity(cfg.claim) if cfg.claim else None,
             "look_test": claim_identity(cfg.look_test) if cfg.look_test else None,
             "train_steps": result["train"]["steps"], "commit": commit}
+
+
+def recorded_unit(cfg: ExperimentConfig, arm: ArmConfig, seed: int) -> bool:
+    """Whether ``cfg.records_dir`` already holds this (arm, training seed)'s trials for these very inputs: the same
+    arm folder (its key: data, policy, training), the same content of every dataset it trains on, the same
+    experiment code and the same panels. Such a unit is not trained again on a machine whose run folder is gone;
+    its committed records stand. ``cfg``: the experiment (any seed)."""
+    if not cfg.records_dir:
+        return False
+    from comsim.pipeline import records
+
+    path = records.unit_dir(cfg.records_dir, arm.name, seed) / records.MANIFEST_FILE
+    if not path.is_file():
+        return False
+    m = json.loads(path.read_text())
+    scfg = seed_config(cfg, seed)
+    try:
+        inputs = arm_inputs(scfg, arm)
+    except DatasetError:  # a dataset it trains on is not there: nothing to compare with
+        return False
+    names = {d.path: n for n, d in scfg.datasets.items()}
+    datasets = {names.get(p, Path(p).name): fp for p, fp in inputs["datasets"].items()}
+    panels = {p: {"identity": {k: v for k, v in _panel_identity(scfg, p).items() if k != "cell"},
+                  "n_trials": panel_trials(scfg, p), "eval_key": eval_key(scfg, p), "trials_key": trials_key(scfg, p)}
+              for p in scfg.eval.panels}
+    return (m.get("arm_folder") == Path(arm_run(scfg, arm).output_dir).name and m.get("datasets") == datasets
+            and m.get("code") == EXPERIMENT_VERSION and m.get("panels") == panels)
 
 
 def _exported_commit(records_dir, arm: str, seed: int) -> dict | None:
