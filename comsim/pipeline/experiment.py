@@ -1028,6 +1028,13 @@ def _translator(paths: list[str]) -> str | None:
     return next(iter(found), None)
 
 
+def _panel_records(cfg: ExperimentConfig) -> dict:
+    """What a unit's manifest says of each panel it was scored on (``cfg``: the experiment at that seed)."""
+    return {p: {"identity": {k: v for k, v in _panel_identity(cfg, p).items() if k != "cell"},
+                "n_trials": panel_trials(cfg, p), "eval_key": eval_key(cfg, p), "trials_key": trials_key(cfg, p)}
+            for p in cfg.eval.panels}
+
+
 def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
                  exported_commit: dict | None = None) -> dict:
     """Where one finished (arm, training seed)'s trials come from (``cfg``: the experiment at that seed).
@@ -1046,9 +1053,7 @@ def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
             "arm_folder": out.name, "code": EXPERIMENT_VERSION, "cell": _cell_record(cfg.cell),
             "datasets": {names.get(path, Path(path).name): fp for path, fp in sorted(used.items())},
             "translator": _translator(sorted(used)),
-            "panels": {p: {"identity": {k: v for k, v in _panel_identity(cfg, p).items() if k != "cell"},
-                           "n_trials": panel_trials(cfg, p), "eval_key": eval_key(cfg, p),
-                           "trials_key": trials_key(cfg, p)} for p in cfg.eval.panels},
+            "panels": _panel_records(cfg),
             "claim": claim_identity(cfg.claim) if cfg.claim else None,
             "look_test": claim_identity(cfg.look_test) if cfg.look_test else None,
             "train_steps": result["train"]["steps"], "commit": commit}
@@ -1074,11 +1079,8 @@ def recorded_unit(cfg: ExperimentConfig, arm: ArmConfig, seed: int) -> bool:
         return False
     names = {d.path: n for n, d in scfg.datasets.items()}
     datasets = {names.get(p, Path(p).name): fp for p, fp in inputs["datasets"].items()}
-    panels = {p: {"identity": {k: v for k, v in _panel_identity(scfg, p).items() if k != "cell"},
-                  "n_trials": panel_trials(scfg, p), "eval_key": eval_key(scfg, p), "trials_key": trials_key(scfg, p)}
-              for p in scfg.eval.panels}
     return (m.get("arm_folder") == Path(arm_run(scfg, arm).output_dir).name and m.get("datasets") == datasets
-            and m.get("code") == EXPERIMENT_VERSION and m.get("panels") == panels)
+            and m.get("code") == EXPERIMENT_VERSION and m.get("panels") == _panel_records(scfg))
 
 
 def _exported_commit(records_dir, arm: str, seed: int) -> dict | None:
