@@ -1028,6 +1028,13 @@ def _translator(paths: list[str]) -> str | None:
     return next(iter(found), None)
 
 
+def _dataset_records(cfg: ExperimentConfig, fingerprints: dict[str, str]) -> dict[str, str]:
+    """What a unit's manifest says of its datasets: {dataset name (a folder's name when it has none): content
+    fingerprint}, from ``fingerprints`` keyed by path (``arm_inputs``)."""
+    names = {d.path: n for n, d in cfg.datasets.items()}
+    return {names.get(path, Path(path).name): fp for path, fp in sorted(fingerprints.items())}
+
+
 def _panel_records(cfg: ExperimentConfig) -> dict:
     """What a unit's manifest says of each panel it was scored on (``cfg``: the experiment at that seed)."""
     return {p: {"identity": {k: v for k, v in _panel_identity(cfg, p).items() if k != "cell"},
@@ -1040,7 +1047,6 @@ def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
     """Where one finished (arm, training seed)'s trials come from (``cfg``: the experiment at that seed).
     ``exported_commit``: the commit an earlier export recorded for an arm that recorded none itself."""
     out = Path(result["dir"])
-    names = {d.path: n for n, d in cfg.datasets.items()}
     used = _recorded_inputs(out)["datasets"]
     if (out / COMMIT_FILE).is_file():
         commit = {**json.loads((out / COMMIT_FILE).read_text()), "recorded": "when the arm was trained"}
@@ -1051,7 +1057,7 @@ def arm_manifest(cfg: ExperimentConfig, arm: ArmConfig, seed: int, result: dict,
                                                   "recorded no commit)"}
     return {"arm": arm.name, "label": result["label"], "seed": seed, "training_seed": cfg.train.seed,
             "arm_folder": out.name, "code": EXPERIMENT_VERSION, "cell": _cell_record(cfg.cell),
-            "datasets": {names.get(path, Path(path).name): fp for path, fp in sorted(used.items())},
+            "datasets": _dataset_records(cfg, used),
             "translator": _translator(sorted(used)),
             "panels": _panel_records(cfg),
             "claim": claim_identity(cfg.claim) if cfg.claim else None,
@@ -1077,9 +1083,8 @@ def recorded_unit(cfg: ExperimentConfig, arm: ArmConfig, seed: int) -> bool:
         inputs = arm_inputs(scfg, arm)
     except DatasetError:  # a dataset it trains on is not there: nothing to compare with
         return False
-    names = {d.path: n for n, d in scfg.datasets.items()}
-    datasets = {names.get(p, Path(p).name): fp for p, fp in inputs["datasets"].items()}
-    return (m.get("arm_folder") == Path(arm_run(scfg, arm).output_dir).name and m.get("datasets") == datasets
+    return (m.get("arm_folder") == Path(arm_run(scfg, arm).output_dir).name
+            and m.get("datasets") == _dataset_records(scfg, inputs["datasets"])
             and m.get("code") == EXPERIMENT_VERSION and m.get("panels") == _panel_records(scfg))
 
 
