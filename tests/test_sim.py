@@ -19,7 +19,7 @@ from comsim.config import ConfigError  # noqa: E402
 from comsim.sim.camera import as_K, look_at, opencv_to_mujoco, project_points, scale_K  # noqa: E402
 from comsim.sim.ik import solve_ik, top_down_quat  # noqa: E402
 from comsim.sim.render import SceneRenderer  # noqa: E402
-from comsim.sim.scene import Scene, build_mjspec  # noqa: E402
+from comsim.sim.scene import MARKER_PREFIX, MARKER_TOP_Z, Scene, build_mjspec  # noqa: E402
 from comsim.sim.spec import load_scene_spec, panda_assets_dir, scene_spec_from_dict, spec_hash  # noqa: E402
 
 CELL = Path(__file__).resolve().parents[1] / "configs" / "twin" / "panda_cell.yaml"
@@ -130,6 +130,12 @@ def test_a_marker_is_a_flat_disc_the_camera_sees_and_nothing_touches():
     px = rgb[int(round(v)), int(round(u))].astype(int)
     assert px[1] > px[0] + 60 and px[1] > px[2] + 60, px
     assert seg[int(round(v)), int(round(u))] == 0
+    # its seen face is where the calibration takes the sticker's point of known place (calibrate._on_table)
+    geom = np.zeros(1, np.int32)
+    depth = mujoco.mj_ray(scene.model, scene.data, np.array([0.488, 0.026, 0.5]), np.array([0.0, 0.0, -1.0]),
+                          None, 1, -1, geom)
+    assert scene.model.geom(int(geom[0])).name.startswith(MARKER_PREFIX)
+    assert abs(0.5 - depth - MARKER_TOP_Z) < 1e-9 and MARKER_TOP_Z > 0.0
     for _ in range(50):
         scene.step(np.concatenate([scene.get_state()[:7], [1.0]]))
     assert abs(scene.object_pose("red_cube")[0][2] - 0.025) < 1e-3

@@ -25,6 +25,8 @@ from comsim.sim.spec import (ConfigError, RobotSpec, SceneSpec, load_scene_spec,
 ROBOT_PREFIX = "robot/"
 OBJECT_PREFIX = "object/"
 MARKER_PREFIX = "marker/"  # flat discs with no collision: label 0 (background) in segmentation
+MARKER_CENTRE_Z, MARKER_HALF_HEIGHT = 0.0006, 0.0005  # m: a marker disc, 0.1 mm clear of the table top
+MARKER_TOP_Z = MARKER_CENTRE_Z + MARKER_HALF_HEIGHT  # m above the table top: the face the camera sees
 ARM_ACTUATORS = [f"{ROBOT_PREFIX}act_joint{i}" for i in range(1, 8)]
 GRIPPER_ACTUATOR = f"{ROBOT_PREFIX}act_gripper"
 TCP_SITE = f"{ROBOT_PREFIX}tcp"
@@ -66,7 +68,8 @@ def apply_robot_tint(ms: mujoco.MjSpec, tint) -> None:
 def add_marker(ms: mujoco.MjSpec, name: str, xy, radius: float, rgba) -> None:
     """A flat disc on the table top, under the objects, that nothing collides with (a target sticker)."""
     ms.worldbody.add_geom(name=MARKER_PREFIX + name, type=mujoco.mjtGeom.mjGEOM_CYLINDER,
-                          size=[radius, 0.0005, 0], pos=[xy[0], xy[1], 0.0006], rgba=list(rgba),
+                          size=[radius, MARKER_HALF_HEIGHT, 0], pos=[xy[0], xy[1], MARKER_CENTRE_Z],
+                          rgba=list(rgba),
                           contype=0, conaffinity=0)
 
 

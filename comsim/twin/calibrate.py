@@ -45,6 +45,7 @@ from scipy.optimize import linear_sum_assignment
 from comsim.io.files import read_json_object
 from comsim.io.paths import check_output_path
 from comsim.sim.camera import as_K, as_rigid, look_at, project_points
+from comsim.sim.scene import MARKER_TOP_Z
 from comsim.twin.frames import (CalibrationDataError, CalibrationFrames, intrinsics_from_checkerboard,
                                 load_calibration_folder)
 from comsim.twin.pose_fit import (MaskTargets, SilhouetteScorer, coarse_search, contour_residuals, perturb,
@@ -313,7 +314,7 @@ def rim_pixels(image: np.ndarray, background: np.ndarray, mask: np.ndarray, rend
 
 
 def _on_table(x: float, y: float) -> list[list[float]]:
-    return [[x, y, 0.0]]  # a marker's disc lies on the table top (z = 0 in the base frame)
+    return [[x, y, MARKER_TOP_Z]]  # the seen face of a marker's disc on the table top (z = 0 in the base frame)
 
 
 def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> dict[str, np.ndarray]:
@@ -326,8 +327,8 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
     found = {}
     for mk in markers:
         centre = project_points(K, T, _on_table(*mk.pos[:2]))[0]
-        rim = project_points(K, T, [[mk.pos[0] + mk.radius, mk.pos[1], 0.0],
-                                    [mk.pos[0], mk.pos[1] + mk.radius, 0.0]])
+        rim = project_points(K, T, _on_table(mk.pos[0] + mk.radius, mk.pos[1])
+                             + _on_table(mk.pos[0], mk.pos[1] + mk.radius))
         r_px = float(np.linalg.norm(rim - centre, axis=1).mean())
         half = int(np.ceil(2 * r_px + 3))
         x0, y0 = int(round(centre[0])) - half, int(round(centre[1])) - half
