@@ -313,7 +313,7 @@ def rim_pixels(image: np.ndarray, background: np.ndarray, mask: np.ndarray, rend
     return rendered & (mask < 0.5) & (darker > RIM_DARKER)
 
 
-def _on_table(x: float, y: float) -> list[list[float]]:
+def _marker_face(x: float, y: float) -> list[list[float]]:
     return [[x, y, MARKER_TOP_Z]]  # the seen face of a marker's disc on the table top (z = 0 in the base frame)
 
 
@@ -326,9 +326,9 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
     hsv = cv2.cvtColor(still, cv2.COLOR_RGB2HSV).astype(np.float32)  # hue 0-179
     found = {}
     for mk in markers:
-        centre = project_points(K, T, _on_table(*mk.pos[:2]))[0]
-        rim = project_points(K, T, _on_table(mk.pos[0] + mk.radius, mk.pos[1])
-                             + _on_table(mk.pos[0], mk.pos[1] + mk.radius))
+        centre = project_points(K, T, _marker_face(*mk.pos[:2]))[0]
+        rim = project_points(K, T, _marker_face(mk.pos[0] + mk.radius, mk.pos[1])
+                             + _marker_face(mk.pos[0], mk.pos[1] + mk.radius))
         r_px = float(np.linalg.norm(rim - centre, axis=1).mean())
         half = int(np.ceil(2 * r_px + 3))
         x0, y0 = int(round(centre[0])) - half, int(round(centre[1])) - half
@@ -349,7 +349,7 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
 def marker_error_px(K, T, markers, found: dict[str, np.ndarray]) -> float:
     """Mean distance (px) between the located markers and where ``T`` projects them."""
     by_name = {mk.name: mk for mk in markers}
-    return float(np.mean([np.linalg.norm(project_points(K, T, _on_table(*by_name[n].pos[:2]))[0] - uv)
+    return float(np.mean([np.linalg.norm(project_points(K, T, _marker_face(*by_name[n].pos[:2]))[0] - uv)
                           for n, uv in found.items()]))
 
 
@@ -406,7 +406,7 @@ def fit_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=p
     if not found:
         return
     by_name = {mk.name: mk for mk in markers}
-    X = np.array([_on_table(*by_name[n].pos[:2])[0] for n in sorted(found)])
+    X = np.array([_marker_face(*by_name[n].pos[:2])[0] for n in sorted(found)])
     uv = np.array([found[n] for n in sorted(found)])
     W, H = fr.size
     trusted = [fr.names.index(n) for n in res["trusted_frames"]]
