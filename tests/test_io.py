@@ -498,3 +498,20 @@ def test_bad_episode_names_the_field(tmp_path, episodes):
         w2.add_episode(variant(frames={"front": ep.frames["front"][:, :63], "front_sim": ep.frames["front_sim"]}))
     with pytest.raises(DatasetError, match="whole number"):
         DatasetWriter(tmp_path / "x", 29.97)
+
+
+def test_write_png_keeps_a_grey_mask_unmirrored_and_a_colour_image_rgb(tmp_path):
+    import cv2
+
+    from comsim.io.files import write_png
+    mask = np.zeros((6, 9), np.uint8)
+    mask[1:3, :2] = 255  # only on the left: a mirrored write would put it on the right
+    assert np.array_equal(cv2.imread(str(write_png(tmp_path / "m.png", mask)), cv2.IMREAD_UNCHANGED), mask)
+    rgb = np.zeros((4, 5, 3), np.uint8)
+    rgb[..., 0] = 200  # red
+    rgb[0, 0] = (1, 2, 3)
+    back = cv2.imread(str(write_png(tmp_path / "c.png", rgb)), cv2.IMREAD_COLOR)[..., ::-1]
+    assert np.array_equal(back, rgb)
+    with pytest.raises(ValueError, match=r"bad\.png: expected a uint8 \(H, W, 3\) RGB or \(H, W\) grey image"):
+        write_png(tmp_path / "bad.png", np.zeros((4, 5, 4), np.uint8))
+    assert not (tmp_path / "bad.png").exists()

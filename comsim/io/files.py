@@ -17,13 +17,19 @@ import numpy as np
 from comsim.errors import OutOfSpaceError, no_space
 
 
-def write_png(path, rgb: np.ndarray) -> Path:
-    """uint8 (H, W, 3) RGB -> ``path`` (folders made), atomically: a reader never sees half a file."""
+def write_png(path, image: np.ndarray) -> Path:
+    """uint8 (H, W, 3) RGB or (H, W) grey (a mask) -> ``path`` (folders made), atomically: a reader never sees
+    half a file."""
     import cv2
 
-    ok, png = cv2.imencode(".png", np.ascontiguousarray(rgb[..., ::-1]))
+    image = np.asarray(image)
+    if image.dtype != np.uint8 or not (image.ndim == 2 or (image.ndim == 3 and image.shape[2] == 3)):
+        raise ValueError(f"{path}: expected a uint8 (H, W, 3) RGB or (H, W) grey image, got {image.dtype} "
+                         f"{image.shape}")
+    # OpenCV writes BGR: reverse the channels of a colour image, never the columns of a grey one.
+    ok, png = cv2.imencode(".png", np.ascontiguousarray(image if image.ndim == 2 else image[..., ::-1]))
     if not ok:
-        raise ValueError(f"{path}: could not encode the image as PNG ({rgb.dtype} {rgb.shape})")
+        raise ValueError(f"{path}: could not encode the image as PNG ({image.dtype} {image.shape})")
     with atomic_output(path) as tmp:  # written by Python, so a full disk is reported as one
         tmp.write_bytes(png.tobytes())
     return Path(path)
