@@ -12,12 +12,16 @@ spec's nominal camera (``comsim.twin.align.calibrate_stills``), and its error ag
 image displacement of points over the workspace (px at 128), the trusted stills' mean IoU, and where the twin
 spec's markers are located in the robot-free still against where the true camera puts their face (px at the stills'
 width). ``--markers truth`` is the oracle locator: the calibration is given each marker it finds at exactly that
-true place, which says how much of the error the located markers carry. Each result is a JSON file in ``--out``
+true place, which says how much of the error the located markers carry. ``--robot-as-lab`` is the oracle robot:
+the twin draws its robot's meshes at the lab cell's own mesh tolerance (``robot.light_tolerance``; the built-in
+and workshop labs draw theirs coarser than the twin, for speed), which says how much of the error the twin's
+robot shape carries. Each result is a JSON file in ``--out``
 (a rerun skips it). The last line printed is one JSON object: the rows and each variant's means over the seeds.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -67,8 +71,10 @@ def marker_offsets_px(calibration: Path, T_true: np.ndarray, markers) -> dict[st
         *by_name[n].pos[:2]))[0]] for n, uv in sorted(found.items())}
 
 
-def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, markers: str = "located") -> dict:
-    result = out / (f"{name}_s{seed}.json" if markers == "located" else f"{name}_s{seed}_markers_{markers}.json")
+def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, markers: str = "located",
+            robot_as_lab: bool = False) -> dict:
+    tag = ("" if markers == "located" else f"_markers_{markers}") + ("_robot_as_lab" if robot_as_lab else "")
+    result = out / f"{name}_s{seed}{tag}.json"
     if result.is_file():
         return json.loads(result.read_text())
     t0 = time.time()
@@ -78,6 +84,10 @@ def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, marker
                        calibration_stills=stills)
     T_true = np.asarray(load_lab_truth(real).T_cam_from_base)
     spec = load_scene_spec(PANDA_PUSH_CELL)
+    if robot_as_lab:
+        lab_robot = load_lab_cell(cell_path, VARIANTS[name]).scene.robot
+        spec = dataclasses.replace(spec, robot=dataclasses.replace(spec.robot, visual=lab_robot.visual,
+                                                                   light_tolerance=lab_robot.light_tolerance))
     locate = twin_calibrate.locate_markers
     if markers == "truth":
         def at_truth(still, K, T, mks, min_share=0.3):
@@ -93,7 +103,7 @@ def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, marker
     d_m, d_deg = pose_error(T, T_true)
     centre = (lambda T: -T[:3, :3].T @ T[:3, 3])
     d_cam = T_true[:3, :3] @ (centre(T) - centre(T_true))
-    row = {"variant": name, "seed": seed, "markers": markers, "mm": round(1000 * d_m, 2), "deg": round(d_deg, 3),
+    row = {"variant": name, "seed": seed, "markers": markers, "robot_as_lab": robot_as_lab, "mm": round(1000 * d_m, 2), "deg": round(d_deg, 3),
            "image_px_at_128": round(image_error_px(as_K(intr["K"]), T, T_true, intr["width"]), 3),
            "centre_error_in_camera_axes_mm": [round(float(x), 2) for x in 1000 * d_cam],
            "mean_iou_trusted": round(res["mean_iou_trusted"], 4), "sharpened": "sharpened" in res,
@@ -111,17 +121,19 @@ def main() -> None:
     ap.add_argument("--stills", type=int, default=12)
     ap.add_argument("--markers", choices=["located", "truth"], default="located",
                     help="truth: the calibration is given the markers at their true place (the oracle locator)")
+    ap.add_argument("--robot-as-lab", action="store_true",
+                    help="the twin's robot meshes at the lab cell's mesh tolerance (the oracle robot shape)")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_calibration_sources"))
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in a.variants:
         for seed in a.seeds:
-            rows.append(run_one(a.cell, name, seed, a.stills, a.out, a.markers))
+            rows.append(run_one(a.cell, name, seed, a.stills, a.out, a.markers, a.robot_as_lab))
             print(json.dumps(rows[-1]), flush=True)
     means = {name: {k: round(float(np.mean([r[k] for r in rows if r["variant"] == name])), 3)
                     for k in ("mm", "deg", "image_px_at_128", "mean_iou_trusted")} for name in a.variants}
-    print(json.dumps({"cell": a.cell, "seeds": a.seeds, "markers": a.markers, "rows": rows, "means": means}))
+    print(json.dumps({"cell": a.cell, "seeds": a.seeds, "markers": a.markers, "robot_as_lab": a.robot_as_lab, "rows": rows, "means": means}))
 
 
 if __name__ == "__main__":
