@@ -67,7 +67,7 @@ def marker_offsets_px(calibration: Path, T_true: np.ndarray, markers) -> dict[st
     fr = load_calibration_folder(calibration)
     found = twin_calibrate.locate_markers(fr.background, fr.K, T_true, markers)
     by_name = {mk.name: mk for mk in markers}
-    return {n: [round(float(d), 3) for d in uv - project_points(fr.K, T_true, twin_calibrate._marker_face(
+    return {n: [round(float(d), 3) for d in uv - project_points(fr.K, T_true, twin_calibrate.marker_face(
         *by_name[n].pos[:2]))[0]] for n, uv in sorted(found.items())}
 
 
@@ -91,7 +91,7 @@ def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, marker
     locate = twin_calibrate.locate_markers
     if markers == "truth":
         def at_truth(still, K, T, mks, min_share=0.3):
-            return {mk.name: project_points(K, T_true, twin_calibrate._marker_face(*mk.pos[:2]))[0]
+            return {mk.name: project_points(K, T_true, twin_calibrate.marker_face(*mk.pos[:2]))[0]
                     for mk in mks if mk.name in locate(still, K, T, mks, min_share)}
         twin_calibrate.locate_markers = at_truth
     try:

@@ -130,7 +130,7 @@ def test_a_marker_is_a_flat_disc_the_camera_sees_and_nothing_touches():
     px = rgb[int(round(v)), int(round(u))].astype(int)
     assert px[1] > px[0] + 60 and px[1] > px[2] + 60, px
     assert seg[int(round(v)), int(round(u))] == 0
-    # its seen face is where the calibration takes the sticker's point of known place (calibrate._marker_face)
+    # its seen face is where the calibration takes the sticker's point of known place (calibrate.marker_face)
     geom = np.zeros(1, np.int32)
     depth = mujoco.mj_ray(scene.model, scene.data, np.array([0.488, 0.026, 0.5]), np.array([0.0, 0.0, -1.0]),
                           None, 1, -1, geom)

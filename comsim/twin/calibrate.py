@@ -313,8 +313,10 @@ def rim_pixels(image: np.ndarray, background: np.ndarray, mask: np.ndarray, rend
     return rendered & (mask < 0.5) & (darker > RIM_DARKER)
 
 
-def _marker_face(x: float, y: float) -> list[list[float]]:
-    return [[x, y, MARKER_TOP_Z]]  # the seen face of a marker's disc on the table top (z = 0 in the base frame)
+def marker_face(x: float, y: float) -> list[list[float]]:
+    """The point of known place of a marker at table position (x, y): the centre of its disc's seen face
+    (``MARKER_TOP_Z`` above the table top, which is z = 0 in the base frame), as one (1, 3) point list."""
+    return [[x, y, MARKER_TOP_Z]]
 
 
 def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> dict[str, np.ndarray]:
@@ -326,9 +328,9 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
     hsv = cv2.cvtColor(still, cv2.COLOR_RGB2HSV).astype(np.float32)  # hue 0-179
     found = {}
     for mk in markers:
-        centre = project_points(K, T, _marker_face(*mk.pos[:2]))[0]
-        rim = project_points(K, T, _marker_face(mk.pos[0] + mk.radius, mk.pos[1])
-                             + _marker_face(mk.pos[0], mk.pos[1] + mk.radius))
+        centre = project_points(K, T, marker_face(*mk.pos[:2]))[0]
+        rim = project_points(K, T, marker_face(mk.pos[0] + mk.radius, mk.pos[1])
+                             + marker_face(mk.pos[0], mk.pos[1] + mk.radius))
         r_px = float(np.linalg.norm(rim - centre, axis=1).mean())
         half = int(np.ceil(2 * r_px + 3))
         x0, y0 = int(round(centre[0])) - half, int(round(centre[1])) - half
@@ -349,7 +351,7 @@ def locate_markers(still: np.ndarray, K, T, markers, min_share: float = 0.3) -> 
 def marker_error_px(K, T, markers, found: dict[str, np.ndarray]) -> float:
     """Mean distance (px) between the located markers and where ``T`` projects them."""
     by_name = {mk.name: mk for mk in markers}
-    return float(np.mean([np.linalg.norm(project_points(K, T, _marker_face(*by_name[n].pos[:2]))[0] - uv)
+    return float(np.mean([np.linalg.norm(project_points(K, T, marker_face(*by_name[n].pos[:2]))[0] - uv)
                           for n, uv in found.items()]))
 
 
@@ -406,7 +408,7 @@ def fit_markers(fr: CalibrationFrames, res: dict, robot, fine_visual: str, log=p
     if not found:
         return
     by_name = {mk.name: mk for mk in markers}
-    X = np.array([_marker_face(*by_name[n].pos[:2])[0] for n in sorted(found)])
+    X = np.array([marker_face(*by_name[n].pos[:2])[0] for n in sorted(found)])
     uv = np.array([found[n] for n in sorted(found)])
     W, H = fr.size
     trusted = [fr.names.index(n) for n in res["trusted_frames"]]
@@ -553,5 +555,5 @@ def solve_pnp(points_2d, points_3d, K, dist=None, ransac: bool = True) -> tuple[
     return T, inliers
 
 
-__all__ = ["calibrate_camera", "calibrate_folder", "flag_frames", "intrinsics_from_checkerboard",
-           "load_calibration", "perturb", "solve_pnp"]
+__all__ = ["calibrate_camera", "calibrate_folder", "flag_frames", "intrinsics_from_checkerboard", "load_calibration",
+           "locate_markers", "marker_face", "perturb", "solve_pnp"]
