@@ -15,8 +15,8 @@ width). ``--markers truth`` is the oracle locator: the calibration is given each
 true place, which says how much of the error the located markers carry. ``--robot-as-lab`` is the oracle robot:
 the twin draws its robot's meshes at the lab cell's own mesh tolerance (``robot.light_tolerance``; the built-in
 and workshop labs draw theirs coarser than the twin, for speed), which says how much of the error the twin's
-robot shape carries. Each result is a JSON file in ``--out``
-(a rerun skips it). The last line printed is one JSON object: the rows and each variant's means over the seeds.
+robot shape carries. Each result is a JSON file in ``--out`` (a rerun skips it). The last line printed is one JSON
+object: the rows and each variant's means over the seeds.
 """
 from __future__ import annotations
 
@@ -79,13 +79,13 @@ def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, marker
         return json.loads(result.read_text())
     t0 = time.time()
     real = out / f"{name}_s{seed}" / "lab"
+    cell = load_lab_cell(cell_path, VARIANTS[name])
     if not (real / "lab_truth.json").is_file():
-        record_dataset("push", episodes=1, out=real, seed=seed, cell=load_lab_cell(cell_path, VARIANTS[name]),
-                       calibration_stills=stills)
+        record_dataset("push", episodes=1, out=real, seed=seed, cell=cell, calibration_stills=stills)
     T_true = np.asarray(load_lab_truth(real).T_cam_from_base)
     spec = load_scene_spec(PANDA_PUSH_CELL)
     if robot_as_lab:
-        lab_robot = load_lab_cell(cell_path, VARIANTS[name]).scene.robot
+        lab_robot = cell.scene.robot
         spec = dataclasses.replace(spec, robot=dataclasses.replace(spec.robot, visual=lab_robot.visual,
                                                                    light_tolerance=lab_robot.light_tolerance))
     locate = twin_calibrate.locate_markers
@@ -103,7 +103,8 @@ def run_one(cell_path: str, name: str, seed: int, stills: int, out: Path, marker
     d_m, d_deg = pose_error(T, T_true)
     centre = (lambda T: -T[:3, :3].T @ T[:3, 3])
     d_cam = T_true[:3, :3] @ (centre(T) - centre(T_true))
-    row = {"variant": name, "seed": seed, "markers": markers, "robot_as_lab": robot_as_lab, "mm": round(1000 * d_m, 2), "deg": round(d_deg, 3),
+    row = {"variant": name, "seed": seed, "markers": markers, "robot_as_lab": robot_as_lab,
+           "mm": round(1000 * d_m, 2), "deg": round(d_deg, 3),
            "image_px_at_128": round(image_error_px(as_K(intr["K"]), T, T_true, intr["width"]), 3),
            "centre_error_in_camera_axes_mm": [round(float(x), 2) for x in 1000 * d_cam],
            "mean_iou_trusted": round(res["mean_iou_trusted"], 4), "sharpened": "sharpened" in res,
@@ -133,7 +134,8 @@ def main() -> None:
             print(json.dumps(rows[-1]), flush=True)
     means = {name: {k: round(float(np.mean([r[k] for r in rows if r["variant"] == name])), 3)
                     for k in ("mm", "deg", "image_px_at_128", "mean_iou_trusted")} for name in a.variants}
-    print(json.dumps({"cell": a.cell, "seeds": a.seeds, "markers": a.markers, "robot_as_lab": a.robot_as_lab, "rows": rows, "means": means}))
+    print(json.dumps({"cell": a.cell, "seeds": a.seeds, "markers": a.markers, "robot_as_lab": a.robot_as_lab,
+                      "rows": rows, "means": means}))
 
 
 if __name__ == "__main__":
