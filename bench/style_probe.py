@@ -31,6 +31,7 @@ from comsim.io.lerobot import LeRobotDataset
 from comsim.pipeline import stages
 from comsim.policy.policies import load_policy
 from comsim.run_layout import RunLayout
+from comsim.twin.selfcheck import ON_UNRELIABLE
 from comsim.translator.pipeline import TranslatorPipeline
 
 VIEWS = ("lab", "raw_twin", "pseudo_real")
@@ -64,12 +65,16 @@ def main(argv=None) -> dict:
     ap.add_argument("--stride", type=int, default=4)
     ap.add_argument("--out", default=None, help="default: RUN/style_probe")
     ap.add_argument("--cell", default=None, help="the run's lab cell (default: the built-in lab)")
+    ap.add_argument("--on-unreliable", choices=ON_UNRELIABLE, default="refuse",
+                    help="a twin that fails its self-check on the probe's recording: refuse (the default) or mark "
+                         "its episodes and go on, as the run itself did")
     a = ap.parse_args(argv)
     run = RunLayout(a.run)
     out = Path(a.out or run.root / "style_probe")
     lab = stages.record_lab(out / "lab", "push", a.episodes, seed=a.seed, cell=a.cell, calibration_stills=12)
     paired = out / "paired"
-    stages.align_twin(lab, run.paired / "twin_aligned.yaml", paired, out / "twin_summary.json")
+    stages.align_twin(lab, run.paired / "twin_aligned.yaml", paired, out / "twin_summary.json",
+                      on_unreliable=a.on_unreliable)
     pd = LeRobotDataset(paired)
     pipe = TranslatorPipeline.from_pretrained(run.translator_final)
     cams = ["front", sim_key("front"), *(control_key("front", c) for c in pipe.controls)]
