@@ -3,8 +3,9 @@
 New lab push episodes (a seed no arm trained on) are replayed in the run's twin and translated by the run's
 translator, so the same actions and states come with three views: the lab's frames, the raw twin render and
 the pseudo-real translation. On every ``--stride``-th frame a policy predicts its chunk of ``horizon`` joint
-targets; the error is the L1 to the demonstrator's actions over the chunk (normalised by the policy's own
-action statistics, padding past the episode's end left out), averaged over frames and episodes.
+targets; the error is the L1 to the demonstrator's actions over the chunk, averaged over frames and episodes, on
+one scale for every policy: each action dimension's range over the probe's episodes mapped to [-1, 1] (a
+dimension the demonstrator never moves is left out and named; padding past the episode's end is left out).
 
 - lab frames vs raw twin vs pseudo-real: what the look costs the policy;
 - a policy trained on scripted-factory episodes vs one on demo-derived ones (``comsim generate --from-demos``),
@@ -38,8 +39,10 @@ VIEWS = ("lab", "raw_twin", "pseudo_real")
 
 
 @torch.no_grad()
-def chunk_l1(policy, frames: np.ndarray, state: np.ndarray, action: np.ndarray, stride: int) -> float:
-    """Mean normalised L1 between the policy's chunks and the demonstrated actions, every ``stride`` frames."""
+def chunk_l1(policy, frames: np.ndarray, state: np.ndarray, action: np.ndarray, stride: int,
+             scale: tuple[np.ndarray, np.ndarray]) -> float:
+    """Mean L1 between the policy's chunks and the demonstrated actions, every ``stride`` frames, over the action
+    dimensions of ``scale`` = (dims, half of their range)."""
     cfg = policy.config
     T = len(action)
     errors = []
@@ -50,9 +53,10 @@ def chunk_l1(policy, frames: np.ndarray, state: np.ndarray, action: np.ndarray, 
                                      torch.Generator().manual_seed(t))[0]
         idx = np.arange(cfg.horizon) - (cfg.n_obs_steps - 1) + t
         keep = (idx >= 0) & (idx < T)
-        target = torch.from_numpy(action[np.clip(idx, 0, T - 1)].astype(np.float32))
-        err = (policy.normalize(pred, "action") - policy.normalize(target, "action")).abs().mean(-1)
-        errors.append(float(err[torch.from_numpy(keep)].mean()))
+        target = action[np.clip(idx, 0, T - 1)]
+        dims, half_range = scale
+        err = (np.abs(pred.numpy()[:, dims] - target[:, dims]) / half_range).mean(-1)
+        errors.append(float(err[keep].mean()))
     return float(np.mean(errors))
 
 
@@ -80,8 +84,13 @@ def main(argv=None) -> dict:
     cams = ["front", sim_key("front"), *(control_key("front", c) for c in pipe.controls)]
     translated = [pipe.translate_episode(pd.read_episode(e, cameras=cams), seed=e).frames["front"] for e in range(len(pd))]
     policies = dict(p.split("=", 1) for p in a.policy)
+    actions = np.concatenate([pd.read_columns(e, ["action"])["action"] for e in range(len(pd))])
+    lo, hi = actions.min(0), actions.max(0)
+    dims = np.flatnonzero(hi - lo > 1e-6)
+    scale = (dims, (hi - lo)[dims] / 2)
     result = {"bench": "style_probe", "run": str(run.root), "episodes": a.episodes, "lab_seed": a.seed,
-              "stride": a.stride, "policies": {}}
+              "stride": a.stride, "action_dims_scored": dims.tolist(),
+              "action_dims_left_out": [int(d) for d in np.flatnonzero(hi - lo <= 1e-6)], "policies": {}}
     for name, path in policies.items():
         pol = load_policy(path).eval()
         per_view = {v: [] for v in VIEWS}
@@ -90,7 +99,7 @@ def main(argv=None) -> dict:
             views = {"lab": ep.frames["front"], "raw_twin": ep.frames[sim_key("front")],
                      "pseudo_real": resize_frames(translated[e], ep.frames["front"].shape[1:3])}
             for v, frames in views.items():
-                per_view[v].append(chunk_l1(pol, frames, ep.state, ep.action, a.stride))
+                per_view[v].append(chunk_l1(pol, frames, ep.state, ep.action, a.stride, scale))
         result["policies"][name] = {"dir": path, **{v: round(float(np.mean(x)), 4) for v, x in per_view.items()}}
         print(json.dumps({name: result["policies"][name]}), flush=True)
     print(json.dumps(result))
